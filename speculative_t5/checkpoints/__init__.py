@@ -1,0 +1,72 @@
+"""Checkpoint I/O: Hugging Face, T5X (legacy msgpack+tensorstore, orbax) and native (orbax).
+
+`load_checkpoint(path)` detects the format from the directory's files; every reader checks
+the full parameter tree (names, shapes, finite values) before returning a model."""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from speculative_t5.checkpoints.common import CheckpointError
+from speculative_t5.checkpoints.hf import WEIGHT_FILES, export_hf, load_hf
+from speculative_t5.checkpoints.native import MARKER, load_native, save_native
+from speculative_t5.checkpoints.t5x import (LEGACY_FILE, ORBAX_MARKERS, latest_step_dir,
+                                            load_t5x)
+from speculative_t5.model.api import Model
+from speculative_t5.model.config import T5Config
+
+FORMATS = ("hf", "native", "t5x", "t5x_orbax")
+
+
+def detect_format(path: str) -> str:
+    """'hf', 'native', 't5x' (legacy) or 't5x_orbax' from the files in `path`."""
+    if path.startswith("gs://"):
+        return "t5x"  # only T5X legacy checkpoints are read from GCS (through tensorstore)
+    if not os.path.isdir(path):
+        raise CheckpointError(f"{path}: checkpoint directory does not exist"
+                              if not os.path.exists(path) else f"{path}: not a directory")
+    files = set(os.listdir(path))
+    if "config.json" in files and files & set(WEIGHT_FILES):
+        return "hf"
+    if MARKER in files:
+        return "native"
+    if LEGACY_FILE in files:
+        return "t5x"
+    if files & set(ORBAX_MARKERS) or (
+            os.path.isdir(os.path.join(path, "state"))
+            and set(os.listdir(os.path.join(path, "state"))) & set(ORBAX_MARKERS)):
+        return "t5x_orbax"
+    raise CheckpointError(
+        f"{path}: unknown checkpoint format (expected config.json + model.safetensors or "
+        f"pytorch_model.bin for Hugging Face, {MARKER} for native, '{LEGACY_FILE}' for T5X, "
+        f"or an orbax checkpoint; found {sorted(files)[:8]})")
+
+
+def load_checkpoint(path: str, config: Optional[T5Config] = None, dtype: Optional[str] = None,
+                    format: Optional[str] = None) -> Model:
+    """Load a T5 from a Hugging Face, T5X or native directory.
+
+    config: optional; checked against the checkpoint (T5X stores none, so it is inferred).
+    dtype:  parameter dtype to hold in memory ('float32', 'bfloat16'); default as configured.
+    A T5X model dir holding checkpoint_<step>/ subdirectories loads its latest step."""
+    path = os.fspath(path)
+    if format is None and os.path.isdir(path) and not (
+            set(os.listdir(path)) & ({"config.json", MARKER, LEGACY_FILE} | set(ORBAX_MARKERS))):
+        path = latest_step_dir(path) or path
+    fmt = format or detect_format(path)
+    if fmt == "hf":
+        return load_hf(path, config, dtype)
+    if fmt == "native":
+        return load_native(path, config, dtype)
+    if fmt in ("t5x", "t5x_orbax"):
+        return load_t5x(path, config, dtype, fmt)
+    raise CheckpointError(f"unknown checkpoint format {fmt!r}; known: {FORMATS}")
+
+
+def save_checkpoint(model: Model, path: str, overwrite: bool = False) -> None:
+    """Write `model` in the native format (orbax params + speculative_t5.json)."""
+    save_native(model, path, overwrite)
+
+
+__all__ = ["CheckpointError", "FORMATS", "detect_format", "export_hf", "load_checkpoint",
+           "save_checkpoint"]

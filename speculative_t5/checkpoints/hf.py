@@ -1,0 +1,170 @@
+"""Hugging Face T5 checkpoints: `config.json` + `model.safetensors` (read with safetensors,
+no torch) or `pytorch_model.bin` (needs torch), single-file or sharded with an index.
+
+Name map (T5X path <- HF name; Linear weights are [out, in], T5X kernels [in, out]):
+  token_embedder/embedding                <- shared.weight
+  {enc,dec}oder/relpos_bias/rel_embedding <- {enc,dec}oder.block.0.layer.0.SelfAttention.relative_attention_bias.weight^T
+  encoder/layers_i/attention/{query,key,value,out} <- encoder.block.i.layer.0.SelfAttention.{q,k,v,o}
+  decoder/layers_i/self_attention         <- decoder.block.i.layer.0.SelfAttention
+  decoder/layers_i/encoder_decoder_attention <- decoder.block.i.layer.1.EncDecAttention
+  */mlp/{wi,wi_0,wi_1,wo}                 <- *.layer.{1 enc, 2 dec}.DenseReluDense.*
+  decoder/logits_dense/kernel             <- lm_head.weight^T  (T5 1.1 only)
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Dict, Tuple
+
+import numpy as np
+
+from speculative_t5.checkpoints.common import (CheckpointError, build_model, expected_shapes,
+                                               flat_params)
+from speculative_t5.model.api import Model
+from speculative_t5.model.config import T5Config
+
+SAFETENSORS, SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"
+TORCH_BIN, TORCH_BIN_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"
+WEIGHT_FILES = (SAFETENSORS, SAFETENSORS_INDEX, TORCH_BIN, TORCH_BIN_INDEX)
+# Present in HF files but not parameters of their own (tied copies, an unused bias).
+_IGNORED = {"encoder.embed_tokens.weight", "decoder.embed_tokens.weight",
+            "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight"}
+_ATTN = {"query": "q", "key": "k", "value": "v", "out": "o"}
+_DEC_SUB = {"pre_self_attention_layer_norm": "0.layer_norm", "self_attention": "0.SelfAttention",
+            "pre_cross_attention_layer_norm": "1.layer_norm",
+            "encoder_decoder_attention": "1.EncDecAttention",
+            "pre_mlp_layer_norm": "2.layer_norm", "mlp": "2.DenseReluDense"}
+_ENC_SUB = {"pre_attention_layer_norm": "0.layer_norm", "attention": "0.SelfAttention",
+            "pre_mlp_layer_norm": "1.layer_norm", "mlp": "1.DenseReluDense"}
+
+
+def hf_name(path: str) -> Tuple[str, bool]:
+    """T5X parameter path -> (HF tensor name, whether to transpose)."""
+    parts = path.split("/")
+    if path == "token_embedder/embedding":
+        return "shared.weight", False
+    if path == "decoder/logits_dense/kernel":
+        return "lm_head.weight", True
+    stack = parts[0]
+    if parts[1] == "relpos_bias":
+        return f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight", True
+    if parts[1] in ("encoder_norm", "decoder_norm"):
+        return f"{stack}.final_layer_norm.weight", False
+    m = re.fullmatch(r"layers_(\d+)", parts[1])
+    if not m:
+        raise KeyError(path)
+    sub = (_ENC_SUB if stack == "encoder" else _DEC_SUB)[parts[2]]
+    prefix = f"{stack}.block.{m.group(1)}.layer.{sub}"
+    if parts[2].endswith("layer_norm"):
+        return f"{prefix}.weight", False
+    leaf = _ATTN.get(parts[3], parts[3])                       # q/k/v/o or wi/wi_0/wi_1/wo
+    return f"{prefix}.{leaf}.weight", True
+
+
+def _weight_files(path: str):
+    for name in (SAFETENSORS_INDEX, TORCH_BIN_INDEX):
+        index = os.path.join(path, name)
+        if os.path.exists(index):
+            try:
+                with open(index) as f:
+                    files = sorted(set(json.load(f)["weight_map"].values()))
+            except (ValueError, KeyError) as e:
+                raise CheckpointError(f"{index}: not a valid weight index ({e})") from None
+            return [os.path.join(path, f) for f in files]
+    for name in (SAFETENSORS, TORCH_BIN):
+        if os.path.exists(os.path.join(path, name)):
+            return [os.path.join(path, name)]
+    raise CheckpointError(f"{path}: no {' or '.join(WEIGHT_FILES)} found")
+
+
+def _read_tensors(file: str) -> Dict[str, np.ndarray]:
+    if not os.path.exists(file):
+        raise CheckpointError(f"{file}: weight file listed in the index does not exist")
+    if file.endswith(".safetensors"):
+        from safetensors import SafetensorError
+        from safetensors.numpy import load_file
+        try:
+            return load_file(file)
+        except (SafetensorError, OSError, ValueError) as e:
+            raise CheckpointError(f"{file}: cannot read safetensors file ({e})") from None
+    try:
+        import torch
+    except ImportError:
+        raise CheckpointError(f"{file}: reading pytorch_model.bin needs torch "
+                              "(pip install torch), or convert it to model.safetensors") from None
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises several types for truncated/corrupt archives
+        raise CheckpointError(f"{file}: cannot read PyTorch checkpoint ({type(e).__name__}: {e})") from None
+    return {k: v.float().numpy() if v.dtype == torch.bfloat16 else v.numpy()
+            for k, v in state.items()}
+
+
+def read_hf_config(path: str) -> Tuple[T5Config, dict]:
+    """(our config, the raw config.json dict) of a Hugging Face T5 directory."""
+    file = os.path.join(path, "config.json")
+    try:
+        with open(file) as f:
+            hf = json.load(f)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{file}: cannot read Hugging Face config ({e})") from None
+    try:
+        return T5Config.from_hf_config(hf), hf
+    except ValueError as e:
+        raise CheckpointError(f"{file}: {e}") from None
+
+
+def load_hf(path: str, config: T5Config | None = None, dtype: str | None = None) -> Model:
+    """Read a Hugging Face T5 directory into a Model (config from its config.json)."""
+    file_config, raw = read_hf_config(path)
+    if config is not None and config.replace(param_dtype=file_config.param_dtype,
+                                             dtype=file_config.dtype) != file_config:
+        raise CheckpointError(f"{path}/config.json does not match the config given: "
+                              f"{_diff(file_config, config)}")
+    config = config or file_config
+    if dtype:
+        config = config.replace(param_dtype=dtype)
+    tensors: Dict[str, np.ndarray] = {}
+    origin: Dict[str, str] = {}
+    for file in _weight_files(path):
+        for k, v in _read_tensors(file).items():
+            tensors[k], origin[k] = v, file
+    if "shared.weight" not in tensors and "encoder.embed_tokens.weight" in tensors:
+        tensors["shared.weight"] = tensors["encoder.embed_tokens.weight"]
+    if (not config.logits_via_embedding and "lm_head.weight" not in tensors
+            and raw.get("tie_word_embeddings", True)):
+        # transformers >= 5 ties lm_head to shared (unscaled) and then saves it only once.
+        tensors["lm_head.weight"] = tensors.get("shared.weight")
+    flat, names, used = {}, {}, set()
+    for key in expected_shapes(config):
+        name, transpose = hf_name(key)
+        names[key] = f"{name} (in {origin.get(name, path)})"
+        if tensors.get(name) is not None:
+            flat[key] = tensors[name].T if transpose else tensors[name]
+            used.add(name)
+    extra = sorted(set(tensors) - used - _IGNORED - {"lm_head.weight"})
+    if extra:
+        raise CheckpointError(f"{path}: unexpected tensor(s) {', '.join(extra[:5])} for the "
+                              f"architecture in config.json (in {origin[extra[0]]})")
+    return build_model(config, flat, path, names)
+
+
+def export_hf(model: Model, path: str) -> None:
+    """Write config.json + model.safetensors that transformers' T5ForConditionalGeneration loads."""
+    from safetensors.numpy import save_file
+    os.makedirs(path, exist_ok=True)
+    tensors = {}
+    for key, arr in flat_params(model).items():
+        name, transpose = hf_name(key)
+        arr = arr.T if transpose else arr
+        tensors[name] = np.ascontiguousarray(arr)
+    save_file(tensors, os.path.join(path, SAFETENSORS), metadata={"format": "pt"})
+    cfg = model.config.to_hf_config()
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+
+
+def _diff(a: T5Config, b: T5Config) -> str:
+    da, db = a.to_dict(), b.to_dict()
+    return ", ".join(f"{k}: {da[k]} in file vs {db[k]} given" for k in da if da[k] != db[k])

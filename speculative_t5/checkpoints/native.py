@@ -1,0 +1,63 @@
+"""Our native format: `speculative_t5.json` (config + format version) beside an orbax
+`params/` directory holding the T5X-named parameter tree."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Optional
+
+import numpy as np
+from flax import traverse_util
+
+from speculative_t5.checkpoints.common import CheckpointError, build_model, flat_params
+from speculative_t5.model.api import Model
+from speculative_t5.model.config import T5Config
+
+MARKER = "speculative_t5.json"
+FORMAT_VERSION = 1
+
+
+def save_native(model: Model, path: str, overwrite: bool = False) -> None:
+    import orbax.checkpoint as ocp
+    path = os.path.abspath(path)
+    if os.path.exists(path) and os.listdir(path):
+        if not overwrite:
+            raise FileExistsError(f"{path} exists and is not empty (pass overwrite=True)")
+        shutil.rmtree(path)
+    os.makedirs(path, exist_ok=True)
+    params = traverse_util.unflatten_dict(flat_params(model), sep="/")
+    with ocp.StandardCheckpointer() as ckptr:
+        ckptr.save(os.path.join(path, "params"), params)
+    with open(os.path.join(path, MARKER), "w") as f:
+        json.dump({"format": "speculative_t5", "version": FORMAT_VERSION,
+                   "config": model.config.to_dict()}, f, indent=2)
+
+
+def load_native(path: str, config: Optional[T5Config] = None, dtype: Optional[str] = None) -> Model:
+    import orbax.checkpoint as ocp
+    marker = os.path.join(path, MARKER)
+    try:
+        with open(marker) as f:
+            meta = json.load(f)
+        file_config = T5Config.from_dict(meta["config"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{marker}: cannot read model config ({type(e).__name__}: {e})") from None
+    if meta.get("version", 0) > FORMAT_VERSION:
+        raise CheckpointError(f"{marker}: format version {meta.get('version')} is newer than "
+                              f"this speculative_t5 reads ({FORMAT_VERSION})")
+    if config is not None and config.replace(dtype=file_config.dtype,
+                                             param_dtype=file_config.param_dtype) != file_config:
+        raise CheckpointError(f"{marker}: the checkpoint's config differs from the config given")
+    config = config or file_config
+    if dtype:
+        config = config.replace(param_dtype=dtype)
+    params_dir = os.path.join(os.path.abspath(path), "params")
+    try:
+        with ocp.StandardCheckpointer() as ckptr:
+            tree = ckptr.restore(params_dir)
+    except Exception as e:  # orbax surfaces tensorstore/json failures as many types
+        raise CheckpointError(f"{params_dir}: cannot restore parameters "
+                              f"({type(e).__name__}: {e})") from None
+    flat = {k: np.asarray(v) for k, v in traverse_util.flatten_dict(tree, sep="/").items()}
+    return build_model(config, flat, params_dir)

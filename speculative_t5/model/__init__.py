@@ -1,0 +1,4 @@
+"""The T5 model: config presets, Flax modules, and functional entry points."""
+from speculative_t5.model.api import (Model, cast_params, decode, encode, forward, init_cache,
+                                      init_model, param_axes, param_shapes)
+from speculative_t5.model.config import T5Config, preset_names

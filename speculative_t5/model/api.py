@@ -1,0 +1,133 @@
+"""`Model` (config + parameters) and the functional entry points the rest of the package uses.
+
+A decode loop only needs `init_cache` and `decode`:
+    cache = init_cache(model, input_ids, max_len)          # encoder run + cross K/V, once
+    logits, cache = decode(model, cache, tokens, pos)      # tokens [B, K], pos [B]
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Dict
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from speculative_t5.model.config import T5Config
+from speculative_t5.model.t5 import T5
+
+Array = jax.Array
+
+
+@struct.dataclass
+class Model:
+    """A T5 config (static) and its parameter tree (T5X names, plain arrays)."""
+    config: T5Config = struct.field(pytree_node=False)
+    params: Any
+
+    @property
+    def module(self) -> T5:
+        return T5(self.config)
+
+    def num_params(self) -> int:
+        return sum(int(x.size) for x in jax.tree_util.tree_leaves(self.params))
+
+    def num_bytes(self) -> int:
+        return sum(int(x.size) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(self.params))
+
+
+def _dummy_inputs():
+    return jnp.ones((1, 2), jnp.int32), jnp.zeros((1, 2), jnp.int32)
+
+
+def _boxed_shapes(config: T5Config):
+    return jax.eval_shape(lambda: T5(config).init(jax.random.PRNGKey(0), *_dummy_inputs()))["params"]
+
+
+def param_shapes(config: T5Config) -> Dict[str, Any]:
+    """The parameter tree as jax.ShapeDtypeStruct leaves (no memory allocated)."""
+    return nn.unbox(_boxed_shapes(config))
+
+
+def param_axes(config: T5Config) -> Dict[str, Any]:
+    """The parameter tree with a PartitionSpec of logical axis names per leaf."""
+    return nn.get_partition_spec(_boxed_shapes(config))
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _init_params(config: T5Config, rng: Array):
+    return nn.unbox(T5(config).init(rng, *_dummy_inputs())["params"])
+
+
+def init_model(config: T5Config, seed: int = 0) -> Model:
+    """Random weights with T5X's initialisers (for tests, timing and training from scratch)."""
+    return Model(config, _init_params(config, jax.random.PRNGKey(seed)))
+
+
+def _check_ids(name: str, ids, vocab_size: int, ndim: int = 2):
+    if getattr(ids, "ndim", None) != ndim:
+        raise ValueError(f"{name} must be an int array of rank {ndim}, got shape "
+                         f"{getattr(ids, 'shape', None)}")
+    if not jnp.issubdtype(ids.dtype, jnp.integer):
+        raise ValueError(f"{name} must be integer token ids, got dtype {ids.dtype}")
+    if not isinstance(ids, jax.core.Tracer) and ids.size:
+        lo, hi = int(jnp.min(ids)), int(jnp.max(ids))
+        if lo < 0 or hi >= vocab_size:
+            raise ValueError(f"{name} has token ids in [{lo}, {hi}], outside [0, {vocab_size})")
+
+
+@jax.jit
+def _forward(model: Model, input_ids: Array, decoder_input_ids: Array) -> Array:
+    return model.module.apply({"params": model.params}, input_ids, decoder_input_ids)
+
+
+def forward(model: Model, input_ids: Array, decoder_input_ids: Array) -> Array:
+    """Teacher-forced float32 logits [B, T, V]; decoder_input_ids[:, 0] is the start token (0)."""
+    input_ids, decoder_input_ids = jnp.asarray(input_ids), jnp.asarray(decoder_input_ids)
+    _check_ids("input_ids", input_ids, model.config.vocab_size)
+    _check_ids("decoder_input_ids", decoder_input_ids, model.config.vocab_size)
+    if input_ids.shape[0] != decoder_input_ids.shape[0]:
+        raise ValueError(f"batch sizes differ: input_ids {input_ids.shape}, "
+                         f"decoder_input_ids {decoder_input_ids.shape}")
+    return _forward(model, input_ids.astype(jnp.int32), decoder_input_ids.astype(jnp.int32))
+
+
+def encode(model: Model, input_ids: Array) -> Array:
+    """Encoder output [B, S, E]."""
+    return model.module.apply({"params": model.params}, input_ids, method=T5.encode)
+
+
+def init_cache(model: Model, input_ids: Array, max_len: int, recompute_cross: bool = False,
+               encoded: Array | None = None) -> Dict[str, Any]:
+    """Run the encoder and allocate the decoder cache for `max_len` decoder positions.
+
+    cache = {'self': [{'k','v'}: [B, max_len, H, D]] per layer (zeros),
+             'cross': [(k, v): [B, S, H, D]] per layer, or None when `recompute_cross`
+                      (then every step recomputes them from 'encoded', as T5X's example does),
+             'encoded': [B, S, E], 'encoder_mask': [B, S] bool}
+    Traceable: call it inside jit."""
+    c = model.config
+    if encoded is None:
+        encoded = encode(model, input_ids)
+    B = input_ids.shape[0]
+    zeros = jnp.zeros((B, max_len, c.num_heads, c.head_dim), c.jnp_dtype)
+    cross = None if recompute_cross else model.module.apply(
+        {"params": model.params}, encoded, method=T5.cross_kv)
+    return {"self": [{"k": zeros, "v": zeros} for _ in range(c.num_decoder_layers)],
+            "cross": cross, "encoded": encoded, "encoder_mask": input_ids != c.pad_id}
+
+
+def decode(model: Model, cache: Dict[str, Any], tokens: Array, pos: Array):
+    """One decoder pass over tokens [B, K] at positions pos[B].. -> (float32 logits [B, K, V], cache).
+
+    Keys/values are written by overwrite at pos..pos+K-1; writes at positions >= max_len are
+    dropped (the caller sizes the cache so that never matters). Traceable: call inside jit."""
+    return model.module.apply({"params": model.params}, tokens, pos, cache, method=T5.decode_step)
+
+
+def cast_params(model: Model, dtype: str) -> Model:
+    """The same model with floating parameters stored as `dtype`."""
+    config = model.config.replace(param_dtype=dtype)
+    params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), model.params)
+    return Model(config, params)

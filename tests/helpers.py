@@ -1,0 +1,90 @@
+"""Small configs and reference-model builders shared by the tests."""
+import json
+import os
+
+import numpy as np
+
+import speculative_t5 as st
+
+# Shapes chosen to catch layout mistakes: heads*head_dim != emb_dim, vocab not a multiple
+# of 8, encoder and decoder depths differ, a non-default max distance.
+HF_CONFIGS = {
+    "t5_1_0": dict(vocab_size=101, d_model=40, d_kv=16, d_ff=56, num_layers=3,
+                   num_decoder_layers=2, num_heads=3, feed_forward_proj="relu",
+                   tie_word_embeddings=True, relative_attention_max_distance=20,
+                   dropout_rate=0.0),
+    "t5_1_1": dict(vocab_size=101, d_model=40, d_kv=16, d_ff=56, num_layers=2,
+                   num_decoder_layers=3, num_heads=3, feed_forward_proj="gated-gelu",
+                   tie_word_embeddings=False, dropout_rate=0.0),
+}
+
+
+def tiny_config(variant="t5_1_1", **overrides):
+    base = dict(vocab_size=53, emb_dim=32, num_heads=3, head_dim=8, mlp_dim=40,
+                num_encoder_layers=2, num_decoder_layers=3)
+    if variant == "t5_1_0":
+        base.update(mlp_activations=("relu",), logits_via_embedding=True)
+    base.update(overrides)
+    return st.T5Config(**base)
+
+
+def random_ids(rng, batch, length, vocab, pad_tail=None):
+    """Token ids in [2, vocab); rows' tails padded with 0 where pad_tail[b] > 0."""
+    ids = rng.randint(2, vocab, size=(batch, length)).astype(np.int32)
+    for b, n in enumerate(pad_tail or []):
+        if n:
+            ids[b, -n:] = 0
+    return ids
+
+
+def decoder_inputs(rng, batch, length, vocab):
+    ids = random_ids(rng, batch, length, vocab)
+    ids[:, 0] = 0  # start token
+    return ids
+
+
+def make_hf_model(variant, seed=0):
+    """A transformers T5ForConditionalGeneration with every weight random (norms too)."""
+    import torch
+    from transformers import T5Config, T5ForConditionalGeneration
+    torch.manual_seed(seed)
+    model = T5ForConditionalGeneration(T5Config(**HF_CONFIGS[variant])).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("layer_norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            elif "relative_attention_bias" in name or name == "shared.weight":
+                p.copy_(torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) / np.sqrt(p.shape[-1]))
+        if variant == "t5_1_1":  # untie: T5.1.1 has its own output layer
+            model.lm_head.weight = torch.nn.Parameter(
+                torch.randn_like(model.lm_head.weight) / np.sqrt(model.lm_head.weight.shape[-1]))
+    return model
+
+
+def save_hf_dir(model, path, fmt):
+    """Write config.json and the weights as 'safetensors' or 'bin', every tensor explicit."""
+    import torch
+    os.makedirs(path, exist_ok=True)
+    state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    cfg = dict(HF_CONFIGS["t5_1_1" if "lm_head.weight" in state and not torch.equal(
+        state["lm_head.weight"], state["shared.weight"]) else "t5_1_0"])
+    cfg.update(model_type="t5", architectures=["T5ForConditionalGeneration"])
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    if fmt == "safetensors":
+        from safetensors.torch import save_file
+        save_file(state, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    else:
+        torch.save(state, os.path.join(path, "pytorch_model.bin"))
+    return path
+
+
+def hf_logits(model, input_ids, decoder_input_ids):
+    import torch
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor(input_ids, dtype=torch.long),
+                    attention_mask=torch.tensor(input_ids != 0, dtype=torch.long),
+                    decoder_input_ids=torch.tensor(decoder_input_ids, dtype=torch.long))
+    return out.logits.float().numpy()
