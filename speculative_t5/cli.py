@@ -105,11 +105,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             convert(**explicit)
         except CheckpointError as e:
             raise SystemExit(f"error: {e}") from None
-        except TypeError as e:  # gin.REQUIRED unfilled: neither flag nor binding given
-            if "REQUIRED" in str(e) or "required" in str(e):
-                raise SystemExit("error: convert needs --from and --to "
-                                 "(or gin bindings convert.source / convert.destination)") from None
-            raise
+        except RuntimeError as e:  # gin.REQUIRED unfilled: neither flag nor binding given
+            if "Required bindings" not in str(e):
+                raise
+            raise SystemExit("error: convert needs --from and --to "
+                             "(or gin bindings convert.source / convert.destination)") from None
     return 0
 
 

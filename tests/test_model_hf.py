@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import speculative_t5 as st
-from helpers import decoder_inputs, hf_logits, make_hf_model, random_ids, save_hf_dir
+from helpers import HF_CONFIGS, decoder_inputs, hf_logits, make_hf_model, random_ids, save_hf_dir
 
 pytest.importorskip("torch")
 
@@ -40,7 +40,7 @@ def test_hf_checkpoint_logits_match_transformers(hf_model, fmt, tmp_path):
 @pytest.mark.parametrize("variant", ["t5_1_0", "t5_1_1"])
 def test_export_hf_opens_in_transformers_with_equal_logits(variant, tmp_path):
     from transformers import T5ForConditionalGeneration
-    cfg = st.T5Config.from_hf_config(dict(__import__("helpers").HF_CONFIGS[variant]))
+    cfg = st.T5Config.from_hf_config(dict(HF_CONFIGS[variant]))
     model = st.init_model(cfg, seed=3)
     st.export_hf(model, str(tmp_path))
     ref, info = T5ForConditionalGeneration.from_pretrained(str(tmp_path), output_loading_info=True)

@@ -93,11 +93,13 @@ def forward(model: Model, input_ids: Array, decoder_input_ids: Array) -> Array:
     return _forward(model, input_ids.astype(jnp.int32), decoder_input_ids.astype(jnp.int32))
 
 
+@jax.jit
 def encode(model: Model, input_ids: Array) -> Array:
     """Encoder output [B, S, E]."""
     return model.module.apply({"params": model.params}, input_ids, method=T5.encode)
 
 
+@functools.partial(jax.jit, static_argnames=("max_len", "recompute_cross"))
 def init_cache(model: Model, input_ids: Array, max_len: int, recompute_cross: bool = False,
                encoded: Array | None = None) -> Dict[str, Any]:
     """Run the encoder and allocate the decoder cache for `max_len` decoder positions.
@@ -106,7 +108,7 @@ def init_cache(model: Model, input_ids: Array, max_len: int, recompute_cross: bo
              'cross': [(k, v): [B, S, H, D]] per layer, or None when `recompute_cross`
                       (then every step recomputes them from 'encoded', as T5X's example does),
              'encoded': [B, S, E], 'encoder_mask': [B, S] bool}
-    Traceable: call it inside jit."""
+    Jitted; traceable inside another jit."""
     c = model.config
     if encoded is None:
         encoded = encode(model, input_ids)
@@ -118,11 +120,12 @@ def init_cache(model: Model, input_ids: Array, max_len: int, recompute_cross: bo
             "cross": cross, "encoded": encoded, "encoder_mask": input_ids != c.pad_id}
 
 
+@jax.jit
 def decode(model: Model, cache: Dict[str, Any], tokens: Array, pos: Array):
     """One decoder pass over tokens [B, K] at positions pos[B].. -> (float32 logits [B, K, V], cache).
 
     Keys/values are written by overwrite at pos..pos+K-1; writes at positions >= max_len are
-    dropped (the caller sizes the cache so that never matters). Traceable: call inside jit."""
+    dropped (the caller sizes the cache so that never matters). Jitted; traceable inside jit."""
     return model.module.apply({"params": model.params}, tokens, pos, cache, method=T5.decode_step)
 
 
