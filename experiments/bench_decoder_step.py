@@ -1,0 +1,97 @@
+"""Benchmark: cost of one decoder step over K = 1, 2, 4, 8 tokens (the verify pass of
+speculative decoding) relative to a one-token step, and the weight bandwidth it achieves.
+
+    python experiments/bench_decoder_step.py [--preset t5_1_1_base] [--batch 1] [--rounds 30]
+
+Random weights, float32 on CPU. Times are medians over interleaved rounds (every K timed
+once per round) so machine noise hits all K alike; ratios come from the same run.
+Weight bytes per step count the decoder parameters a step reads: every decoder kernel
+except the cross-attention key/value kernels (their outputs are cached per input), plus
+the output layer (tied embedding for T5 1.0), plus K embedding rows.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import platform
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import traverse_util
+
+import speculative_t5 as st
+
+
+def step_weight_bytes(model: st.Model, K: int) -> int:
+    total = 0
+    for key, arr in traverse_util.flatten_dict(model.params, sep="/").items():
+        nbytes = arr.size * arr.dtype.itemsize
+        if key.startswith("decoder/") and "encoder_decoder_attention/key" not in key \
+                and "encoder_decoder_attention/value" not in key:
+            total += nbytes
+        elif key == "token_embedder/embedding":
+            total += nbytes if model.config.logits_via_embedding else K * arr.shape[1] * arr.dtype.itemsize
+    return total
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="t5_1_1_base")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--ks", default="1,2,4,8")
+    p.add_argument("--input_len", type=int, default=64)
+    p.add_argument("--max_len", type=int, default=64)
+    p.add_argument("--pos", type=int, default=32, help="decoder position of the step")
+    p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--json", help="also write the results here")
+    args = p.parse_args()
+
+    cfg = st.T5Config.preset(args.preset)
+    model = st.init_model(cfg, seed=0)
+    ks = [int(k) for k in args.ks.split(",")]
+    rng = np.random.RandomState(0)
+    x = jnp.asarray(rng.randint(2, cfg.vocab_size, (args.batch, args.input_len)), jnp.int32)
+    step = jax.jit(st.decode, donate_argnums=(1,))
+    caches, tokens = {}, {}
+    pos = jnp.full((args.batch,), args.pos, jnp.int32)
+    for K in ks:  # compile and warm up every K first
+        caches[K] = st.init_cache(model, x, args.max_len)
+        tokens[K] = jnp.asarray(rng.randint(2, cfg.vocab_size, (args.batch, K)), jnp.int32)
+        for _ in range(3):
+            logits, caches[K] = step(model, caches[K], tokens[K], pos)
+        logits.block_until_ready()
+    times = {K: [] for K in ks}
+    for _ in range(args.rounds):
+        for K in ks:
+            t0 = time.perf_counter()
+            logits, caches[K] = step(model, caches[K], tokens[K], pos)
+            logits.block_until_ready()
+            times[K].append(time.perf_counter() - t0)
+
+    med = {K: statistics.median(v) for K, v in times.items()}
+    print(f"{args.preset} decoder step, random weights, {cfg.param_dtype}, batch {args.batch}, "
+          f"cache {args.max_len}, position {args.pos}, {jax.devices()[0].platform} "
+          f"({os.cpu_count()} cores, {platform.processor() or platform.machine()}), "
+          f"median of {args.rounds} interleaved rounds")
+    print(f"{'K':>3} {'ms/step':>9} {'ratio to K=1':>13} {'ms/token':>9} {'weights MB':>11} {'GB/s':>7}")
+    rows = []
+    for K in ks:
+        wbytes = step_weight_bytes(model, K)
+        row = dict(K=K, ms_per_step=1e3 * med[K], ratio_to_k1=med[K] / med[ks[0]],
+                   ms_per_token=1e3 * med[K] / K, weight_mb=wbytes / 1e6,
+                   weight_gb_per_s=wbytes / med[K] / 1e9)
+        rows.append(row)
+        print(f"{K:>3} {row['ms_per_step']:>9.2f} {row['ratio_to_k1']:>13.2f} "
+              f"{row['ms_per_token']:>9.2f} {row['weight_mb']:>11.1f} {row['weight_gb_per_s']:>7.1f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(vars(args), rows=rows, device=str(jax.devices()[0])), f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
