@@ -5,3 +5,4 @@ from speculative_t5.model import (Model, T5Config, cast_params, decode, encode, 
 __version__ = "0.1.0"
 from speculative_t5.checkpoints import (CheckpointError, detect_format, export_hf,
                                         load_checkpoint, save_checkpoint)
+from speculative_t5.decoding import GenerateOutput, generate

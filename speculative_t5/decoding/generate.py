@@ -1,0 +1,96 @@
+"""`st.generate`: validate arguments, build the models' step functions, run one jitted
+program (the encoders, the cache set-up and the whole decode loop) per shape/config."""
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from speculative_t5.decoding.loops import plain_decode, speculative_decode
+from speculative_t5.decoding.output import GenerateOutput
+from speculative_t5.decoding.sampling import SamplingConfig
+from speculative_t5.model.api import Model, decode, init_cache
+
+
+def _step_fn(model: Model):
+    return functools.partial(decode, model)
+
+
+@functools.partial(jax.jit, static_argnames=("gamma", "max_decode_len", "sampling", "lenience",
+                                             "recompute_cross_attention"))
+def _generate(target: Model, draft: Optional[Model], input_ids, rng, *, gamma: int,
+              max_decode_len: int, sampling: SamplingConfig, lenience: float,
+              recompute_cross_attention: bool):
+    B = input_ids.shape[0]
+    eos = target.config.eos_id
+    if draft is None:
+        cache = init_cache(target, input_ids, max_decode_len, recompute_cross_attention)
+        return plain_decode(_step_fn(target), cache, B, max_decode_len, eos, sampling, rng)
+    # The verify pass writes up to position m + gamma <= max_decode_len + gamma - 1.
+    length = max_decode_len + gamma + 1
+    tcache = init_cache(target, input_ids, length, recompute_cross_attention)
+    dcache = init_cache(draft, input_ids, length, recompute_cross_attention)
+    return speculative_decode(_step_fn(target), tcache, _step_fn(draft), dcache, B,
+                              max_decode_len, eos, gamma, sampling, rng, lenience)
+
+
+def _check_int(name: str, value, lo: int):
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < lo:
+        raise ValueError(f"{name} must be an int >= {lo}, got {value!r}")
+    return int(value)
+
+
+def generate(model: Model, input_ids, draft: Optional[Model] = None, gamma: int = 4,
+             max_decode_len: int = 64, temperature: float = 0.0, top_k: int = 0,
+             top_p: float = 1.0, rng=None, lenience: float = 1.0,
+             recompute_cross_attention: bool = False,
+             max_input_len: Optional[int] = None) -> GenerateOutput:
+    """Decode `input_ids` (int32 [B, S], 0 = pad) with `model`; with a `draft`, speculatively.
+
+    The output distribution is exactly the target's (greedy: identical tokens) unless
+    lenience < 1 (paper A.5: accept with min(1, p/(l q)); marked inexact in the stats).
+    recompute_cross_attention: recompute cross-attention K/V every step, as T5X's example
+    model does (the T5X-faithful baseline); the default computes them once per input.
+    max_input_len: reject inputs longer than this (the encoder feature length)."""
+    if not isinstance(model, Model):
+        raise TypeError(f"model must be a speculative_t5.Model, got {type(model).__name__}")
+    gamma = _check_int("gamma", gamma, 1)
+    max_decode_len = _check_int("max_decode_len", max_decode_len, 1)
+    sampling = SamplingConfig(temperature, top_k, top_p).validate()
+    if not isinstance(lenience, (int, float)) or not 0.0 < lenience <= 1.0:
+        raise ValueError(f"lenience must be in (0, 1] (1 = exact), got {lenience!r}")
+    if draft is not None:
+        if not isinstance(draft, Model):
+            raise TypeError(f"draft must be a speculative_t5.Model, got {type(draft).__name__}")
+        tc, dc = model.config, draft.config
+        if dc.vocab_size != tc.vocab_size:
+            raise ValueError(f"draft vocab_size {dc.vocab_size} != target vocab_size "
+                             f"{tc.vocab_size}: the two models must share one vocabulary")
+        if (dc.eos_id, dc.pad_id) != (tc.eos_id, tc.pad_id):
+            raise ValueError(f"draft eos/pad ids {(dc.eos_id, dc.pad_id)} differ from the "
+                             f"target's {(tc.eos_id, tc.pad_id)}")
+    ids = np.asarray(input_ids)
+    if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer) or ids.shape[0] == 0 \
+            or ids.shape[1] == 0:
+        raise ValueError(f"input_ids must be a non-empty int array [batch, length], got "
+                         f"shape {ids.shape} dtype {ids.dtype}")
+    if ids.min() < 0 or ids.max() >= model.config.vocab_size:
+        raise ValueError(f"input_ids has token ids in [{ids.min()}, {ids.max()}], outside "
+                         f"[0, {model.config.vocab_size})")
+    if max_input_len is not None:
+        lengths = (ids != model.config.pad_id).sum(1)
+        if ids.shape[1] > max_input_len and lengths.max() > max_input_len:
+            row = int(np.argmax(lengths))
+            raise ValueError(f"input row {row} has {int(lengths[row])} tokens, longer than "
+                             f"max_input_len {max_input_len}")
+    rng = jax.random.PRNGKey(0) if rng is None else rng
+    tokens, lengths, stats = _generate(
+        model, draft, jnp.asarray(ids, jnp.int32), rng, gamma=gamma if draft else 0,
+        max_decode_len=max_decode_len, sampling=sampling, lenience=float(lenience),
+        recompute_cross_attention=bool(recompute_cross_attention))
+    stats = {k: np.asarray(v) for k, v in jax.device_get(stats).items()}
+    stats.update(gamma=gamma if draft else 0, exact=lenience == 1.0, lenience=float(lenience))
+    return GenerateOutput(np.asarray(tokens), np.asarray(lengths), stats)

@@ -1,0 +1,99 @@
+"""The decode loops: plain (one token per target call) and speculative (Algorithm 1).
+
+Each is one `lax.while_loop` (no host round-trip per token or round) over a batch of rows
+with per-row state. The loops know nothing of T5: a model is a step function
+    logits [B, K, V], cache = step(cache, tokens [B, K], pos [B])
+that writes tokens at positions pos..pos+K-1 of an opaque cache by overwrite, so
+positions beyond a row's accepted tokens are simply rewritten next round.
+
+Token buffer: seq[:, 0] is the start token (0), seq[:, j] the j-th emitted token y_j; the
+model's output at position j predicts y_{j+1}.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Tuple
+
+import jax
+import jax.numpy as jnp
+
+from speculative_t5.decoding.output import emit, init_stats, record_call
+from speculative_t5.decoding.sampling import SamplingConfig, adjust, choose, verify
+
+Array = jax.Array
+StepFn = Callable[[Any, Array, Array], Tuple[Array, Any]]
+
+
+def _take(seq: Array, cols: Array) -> Array:
+    """seq [B, N] at per-row columns cols [B, K] -> [B, K]."""
+    return jnp.take_along_axis(seq, cols, axis=1)
+
+
+def plain_decode(step: StepFn, cache: Any, batch: int, max_len: int, eos_id: int,
+                 sampling: SamplingConfig, rng: Array):
+    """T5X `temperature_sample` semantics: one target call per emitted token."""
+    seq = jnp.zeros((batch, max_len + 2), jnp.int32)
+    m = jnp.zeros((batch,), jnp.int32)
+    state = (seq, m, jnp.zeros((batch,), bool), cache, rng, init_stats(batch, 0))
+
+    def body(state):
+        seq, m, done, cache, rng, stats = state
+        rng, key = jax.random.split(rng)
+        logits, cache = step(cache, _take(seq, m[:, None]), m)                 # [B, 1, V]
+        token = choose(key, adjust(logits[:, 0], sampling), sampling.greedy)   # [B]
+        seq, m, new_done, emitted = emit(seq, m, done, token[:, None], jnp.ones_like(m),
+                                         eos_id, max_len)
+        return seq, m, new_done, cache, rng, record_call(stats, ~done, emitted, 0)
+
+    seq, m, _, _, _, stats = jax.lax.while_loop(lambda s: ~jnp.all(s[2]), body, state)
+    return seq[:, 1:max_len + 1], m, stats
+
+
+def speculative_decode(target: StepFn, target_cache: Any, draft: StepFn, draft_cache: Any,
+                       batch: int, max_len: int, eos_id: int, gamma: int,
+                       sampling: SamplingConfig, rng: Array, lenience: float = 1.0):
+    """Algorithm 1 of Leviathan et al. (2023), batched; every row emits >= 1 token a round."""
+    greedy = sampling.greedy
+    seq = jnp.zeros((batch, max_len + 2), jnp.int32)
+    m = jnp.zeros((batch,), jnp.int32)
+    state = (seq, m, jnp.zeros((batch,), bool), target_cache, draft_cache, rng,
+             init_stats(batch, gamma))
+    steps = jnp.arange(gamma + 1)[None, :]                                     # [1, G+1]
+
+    def round_(state):
+        seq, m, done, tcache, dcache, rng, stats = state
+        rng, k_draft, k_verify = jax.random.split(rng, 3)
+
+        # 1. Draft gamma tokens. The first call feeds positions m-1 and m (only 0 at m = 0)
+        #    so the draft cache is complete even after a round that accepted every draft.
+        start = jnp.maximum(m - 1, 0)                                          # [B]
+        logits, dcache = draft(dcache, _take(seq, start[:, None] + steps[:, :2]), start)
+        q1 = adjust(jnp.take_along_axis(logits, (m - start)[:, None, None], 1)[:, 0], sampling)
+        x1 = choose(jax.random.fold_in(k_draft, 0), q1, greedy)                # [B]
+        qs = jnp.zeros((batch, gamma) + q1.shape[-1:], jnp.float32).at[:, 0].set(q1)
+        xs = jnp.zeros((batch, gamma), jnp.int32).at[:, 0].set(x1)
+
+        def draft_step(i, carry):                      # feeds x_i at m+i, samples x_{i+1}
+            dcache, qs, xs = carry
+            logits, dcache = draft(dcache, jax.lax.dynamic_slice_in_dim(xs, i - 1, 1, 1), m + i)
+            q = adjust(logits[:, 0], sampling)                                 # [B, V]
+            x = choose(jax.random.fold_in(k_draft, i), q, greedy)
+            return dcache, qs.at[:, i].set(q), xs.at[:, i].set(x)
+
+        dcache, qs, xs = jax.lax.fori_loop(1, gamma, draft_step, (dcache, qs, xs))
+
+        # 2. Verify: one target call over [y_m, x_1..x_gamma] -> p_1..p_{gamma+1}.
+        tokens = jnp.concatenate([_take(seq, m[:, None]), xs], axis=1)         # [B, G+1]
+        logits, tcache = target(tcache, tokens, m)                             # [B, G+1, V]
+        p = adjust(logits, sampling)
+
+        # 3-4. Accept a prefix of n drafts, then one token from the target's side.
+        n, nxt, accepted = verify(k_verify, p, qs, xs, greedy, lenience)
+        new = jnp.where(steps < n[:, None], jnp.pad(xs, ((0, 0), (0, 1))),
+                        jnp.where(steps == n[:, None], nxt[:, None], 0))       # [B, G+1]
+        seq, m, new_done, emitted = emit(seq, m, done, new, n + 1, eos_id, max_len)
+        reached = jnp.pad(accepted[:, :-1], ((0, 0), (1, 0)), constant_values=True)
+        stats = record_call(stats, ~done, emitted, gamma, accepted, reached)
+        return seq, m, new_done, tcache, dcache, rng, stats
+
+    seq, m, _, _, _, _, stats = jax.lax.while_loop(lambda s: ~jnp.all(s[2]), round_, state)
+    return seq[:, 1:max_len + 1], m, stats

@@ -1,0 +1,83 @@
+"""What a decode produces: the token buffer (written only through `emit`, which enforces
+EOS and the length cap) and the per-row statistics."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+
+
+def emit(seq: Array, m: Array, done: Array, new: Array, count: Array, eos_id: int,
+         max_len: int):
+    """Append up to `count` tokens of new [B, K] to each row of seq [B, 1 + max_len + ...].
+
+    seq[:, 0] is the start token and seq[:, j] the j-th emitted token; m [B] counts emitted
+    tokens. Nothing is written for finished rows, after a row's first EOS, or past max_len.
+    Returns (seq, m, done, emitted [B])."""
+    K = new.shape[1]
+    j = jnp.arange(K)[None, :]                                                 # [1, K]
+    is_eos = (new == eos_id) & (j < count[:, None])
+    first_eos = jnp.where(jnp.any(is_eos, 1), jnp.argmax(is_eos, 1) + 1, K)      # [B]
+    emitted = jnp.minimum(jnp.minimum(count, first_eos), max_len - m)
+    emitted = jnp.where(done, 0, jnp.maximum(emitted, 0))                      # [B]
+    cols = jnp.where(j < emitted[:, None], m[:, None] + 1 + j, seq.shape[1])   # OOB -> dropped
+    seq = seq.at[jnp.arange(seq.shape[0])[:, None], cols].set(new, mode="drop")
+    m = m + emitted
+    done = done | jnp.any(is_eos & (j < emitted[:, None]), 1) | (m >= max_len)
+    return seq, m, done, emitted
+
+
+@dataclasses.dataclass
+class GenerateOutput:
+    """tokens int32 [B, max_decode_len] (0 after EOS), lengths int32 [B] (EOS included),
+    stats: per-row arrays (see `summary()` for the batch totals)."""
+    tokens: np.ndarray
+    lengths: np.ndarray
+    stats: Dict[str, Any]
+
+    def summary(self) -> Dict[str, Any]:
+        """Batch totals: calls, tokens, tokens per target call and its histogram,
+        acceptance rate (accepted drafts / drafts proposed) and per-position rates."""
+        s = self.stats
+        tokens = int(np.sum(self.lengths))
+        calls = int(np.sum(s["target_calls"]))
+        out = {"tokens": tokens, "target_calls": calls,
+               "draft_calls": int(np.sum(s["draft_calls"])),
+               "tokens_per_target_call": tokens / max(calls, 1),
+               "tokens_per_call_histogram": np.sum(s["tokens_per_call_hist"], 0).tolist(),
+               "exact": bool(s["exact"]), "gamma": int(s["gamma"])}
+        if s["gamma"]:
+            proposed = np.sum(s["drafts_proposed"])
+            out["acceptance_rate"] = float(np.sum(s["accepted_at"]) / max(proposed, 1))
+            reached = np.sum(s["reached_at"], 0)
+            out["acceptance_rate_by_position"] = (
+                np.sum(s["accepted_at"], 0) / np.maximum(reached, 1)).tolist()
+        return out
+
+
+def init_stats(batch: int, gamma: int) -> Dict[str, Array]:
+    z = jnp.zeros((batch,), jnp.int32)
+    return {"target_calls": z, "draft_calls": z, "drafts_proposed": z,
+            "tokens_per_call_hist": jnp.zeros((batch, gamma + 1), jnp.int32),
+            "accepted_at": jnp.zeros((batch, gamma), jnp.int32),
+            "reached_at": jnp.zeros((batch, gamma), jnp.int32)}
+
+
+def record_call(stats: Dict[str, Array], active: Array, emitted: Array, gamma: int,
+                accepted: Array | None = None, reached: Array | None = None) -> Dict[str, Array]:
+    """Count one target call (and its gamma draft calls) for the rows that were active."""
+    a = active.astype(jnp.int32)                                               # [B]
+    hist = jax.nn.one_hot(emitted - 1, gamma + 1, dtype=jnp.int32) * a[:, None]
+    new = dict(stats, target_calls=stats["target_calls"] + a,
+               draft_calls=stats["draft_calls"] + a * gamma,
+               drafts_proposed=stats["drafts_proposed"] + a * gamma,
+               tokens_per_call_hist=stats["tokens_per_call_hist"] + hist)
+    if accepted is not None:
+        new["accepted_at"] = stats["accepted_at"] + accepted.astype(jnp.int32) * a[:, None]
+        new["reached_at"] = stats["reached_at"] + reached.astype(jnp.int32) * a[:, None]
+    return new

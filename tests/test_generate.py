@@ -1,0 +1,144 @@
+"""st.generate: greedy speculative output equals plain greedy output token for token,
+statistics are consistent, one compiled while-loop, clear errors for bad arguments."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import speculative_t5 as st
+from helpers import random_ids, tiny_config
+from speculative_t5.decoding.generate import _generate
+
+MAX_LEN = 23  # not a multiple of gamma + 1 for any gamma tested
+
+
+@pytest.fixture(scope="module")
+def target():
+    return st.init_model(tiny_config(), seed=0)
+
+
+@pytest.fixture(scope="module")
+def inputs():
+    rng = np.random.RandomState(0)
+    return random_ids(rng, 8, 9, 53, pad_tail=[0, 1, 2, 3, 4, 5, 6, 7])  # 8 different lengths
+
+
+def _perturbed(model, scale, seed):
+    leaves, tree = jax.tree_util.tree_flatten(model.params)
+    keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
+    noisy = [x + scale * jnp.std(x) * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
+    return st.Model(model.config, jax.tree_util.tree_unflatten(tree, noisy))
+
+
+@pytest.fixture(scope="module")
+def drafts(target):
+    return {"same": target,
+            "random": st.init_model(tiny_config(num_encoder_layers=1, num_decoder_layers=1), seed=5),
+            "perturbed": _perturbed(target, 0.05, seed=3)}
+
+
+@pytest.fixture(scope="module")
+def plain(target, inputs):
+    return st.generate(target, inputs, max_decode_len=MAX_LEN)
+
+
+def _check_stats(out, gamma):
+    s = out.stats
+    hist = s["tokens_per_call_hist"]                                           # [B, G+1]
+    np.testing.assert_array_equal((hist * np.arange(1, gamma + 2)).sum(1), out.lengths)
+    np.testing.assert_array_equal(hist.sum(1), s["target_calls"])
+    assert (s["target_calls"] <= out.lengths).all()
+    np.testing.assert_array_equal(s["draft_calls"], gamma * s["target_calls"])
+    assert (s["accepted_at"] <= s["reached_at"]).all()
+    np.testing.assert_array_equal(s["reached_at"][:, 0], s["target_calls"])
+
+
+@pytest.mark.parametrize("kind", ["same", "random", "perturbed"])
+@pytest.mark.parametrize("gamma", [1, 3, 7])
+def test_greedy_speculative_equals_plain(target, drafts, inputs, plain, kind, gamma):
+    out = st.generate(target, inputs, draft=drafts[kind], gamma=gamma, max_decode_len=MAX_LEN)
+    np.testing.assert_array_equal(out.tokens, plain.tokens)
+    np.testing.assert_array_equal(out.lengths, plain.lengths)
+    _check_stats(out, gamma)
+    rate = out.summary()["acceptance_rate"]
+    if kind == "same":  # every draft accepted: gamma+1 tokens per call but the last
+        assert rate == 1.0
+        np.testing.assert_array_equal(out.stats["target_calls"],
+                                      np.ceil(out.lengths / (gamma + 1)).astype(int))
+    elif kind == "random":
+        assert rate < 0.3
+    else:
+        first = out.summary()["acceptance_rate_by_position"][0]
+        assert 0.3 < first < 0.97 and rate > 0.1, (first, rate)  # really mixed acceptance
+
+
+@pytest.mark.parametrize("gamma", [3, 7])
+def test_eos_inside_draft_window(target, inputs, plain, gamma):
+    """Make a token that greedy decoding emits mid-sequence the EOS: rows stop there, even
+    when the EOS is an accepted draft in the middle of a round, and are 0-padded after."""
+    tokens = plain.tokens[:, 2:MAX_LEN - 3]
+    values, counts = np.unique(tokens, return_counts=True)
+    eos = int(values[np.argmax(counts)])
+    cfg = target.config.replace(eos_id=eos)
+    t = st.Model(cfg, target.params)
+    ref = st.generate(t, inputs, max_decode_len=MAX_LEN)
+    out = st.generate(t, inputs, draft=t, gamma=gamma, max_decode_len=MAX_LEN)
+    np.testing.assert_array_equal(out.tokens, ref.tokens)
+    np.testing.assert_array_equal(out.lengths, ref.lengths)
+    stopped = out.lengths < MAX_LEN
+    assert stopped.sum() >= 2
+    for row in np.nonzero(stopped)[0]:
+        L = out.lengths[row]
+        assert out.tokens[row, L - 1] == eos and eos not in out.tokens[row, :L - 1]
+        assert (out.tokens[row, L:] == 0).all()
+    # some row stopped strictly inside a round (not at a round boundary)
+    assert any(L % (gamma + 1) for L in out.lengths[stopped])
+    _check_stats(out, gamma)
+
+
+def test_plain_stats_and_t5x_faithful_baseline(target, inputs, plain):
+    np.testing.assert_array_equal(plain.stats["target_calls"], plain.lengths)
+    assert plain.summary()["tokens_per_target_call"] == 1.0
+    t5x = st.generate(target, inputs, max_decode_len=MAX_LEN, recompute_cross_attention=True)
+    np.testing.assert_array_equal(t5x.tokens, plain.tokens)
+
+
+def test_compiled_once_and_one_while_loop(target, drafts, inputs):
+    kw = dict(draft=drafts["perturbed"], gamma=3, max_decode_len=11, temperature=0.7)
+    st.generate(target, inputs, rng=jax.random.PRNGKey(1), **kw)
+    before = _generate._cache_size()
+    for seed in (2, 3):
+        st.generate(target, inputs[::-1].copy(), rng=jax.random.PRNGKey(seed), **kw)
+    assert _generate._cache_size() == before
+    from speculative_t5.decoding.sampling import SamplingConfig
+
+    def jaxpr(max_len):
+        return str(jax.make_jaxpr(lambda t, d, x, r: _generate(
+            t, d, x, r, gamma=3, max_decode_len=max_len, sampling=SamplingConfig(0.7, 0, 1.0),
+            lenience=1.0, recompute_cross_attention=False))(
+                target, drafts["perturbed"], jnp.asarray(inputs), jax.random.PRNGKey(0)))
+
+    short, long = jaxpr(11), jaxpr(41)
+    assert short.count("while[") == 1          # the rounds loop ...
+    assert short.count("scan[") + short.count("while[") >= 2  # ... and the draft loop in it
+    # no Python loop over rounds or tokens: the program does not grow with the length
+    assert len(short.splitlines()) == len(long.splitlines())
+
+
+def test_bad_arguments_are_named(target, drafts, inputs):
+    cases = [(dict(draft=target, gamma=0), "gamma"), (dict(temperature=-0.1), "temperature"),
+             (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(top_k=-1), "top_k"),
+             (dict(max_decode_len=0), "max_decode_len"), (dict(draft=target, lenience=0), "lenience"),
+             (dict(max_input_len=4), "max_input_len")]
+    for kwargs, name in cases:
+        with pytest.raises(ValueError, match=name):
+            st.generate(target, inputs, **kwargs)
+    other_vocab = st.init_model(tiny_config(vocab_size=61), seed=1)
+    with pytest.raises(ValueError, match="vocab_size"):
+        st.generate(target, inputs, draft=other_vocab)
+    with pytest.raises(ValueError, match="input_ids"):
+        st.generate(target, inputs[0])
+    with pytest.raises(ValueError, match="outside"):
+        st.generate(target, inputs + 100)
+    with pytest.raises(TypeError, match="draft"):
+        st.generate(target, inputs, draft="t5_small")
