@@ -6,3 +6,4 @@ __version__ = "0.1.0"
 from speculative_t5.checkpoints import (CheckpointError, detect_format, export_hf,
                                         load_checkpoint, save_checkpoint)
 from speculative_t5.decoding import GenerateOutput, generate
+from speculative_t5 import data

@@ -1,7 +1,9 @@
 """`speculative-t5` command line, launched the T5X way.
 
   speculative-t5 convert --from PATH --to PATH [--format native|hf] [--dtype bfloat16]
-      [--gin_file=F ...] [--gin.convert.dtype="'bfloat16'"] [--gin_search_paths=a,b]
+  speculative-t5 decode --target PATH [--draft PATH] --input_file F --output F.jsonl
+      [--vocab spiece.model] [--gamma 4] [--temperature 0] [--top_k 0] [--top_p 1] ...
+  Any command also takes [--gin_file=F ...] [--gin.decode.gamma=7] [--gin_search_paths=a,b].
 
 Gin: `--gin_file` may repeat; `--gin.NAME=VALUE` becomes the binding `NAME = VALUE`;
 `--gin_search_paths` (comma-separated) is searched for gin files and their includes, after
@@ -83,7 +85,19 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--format", choices=("native", "hf"), help="output format (default native)")
     c.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="parameter dtype")
     c.add_argument("--overwrite", action="store_true", default=None)
-    for sp in (c,):  # gin flags are accepted after the subcommand too
+    d = sub.add_parser("decode", help="decode a text/TSV file into JSONL (speculative with --draft)")
+    d.add_argument("--target", help="target model checkpoint (HF, T5X or native)")
+    d.add_argument("--draft", help="draft model checkpoint; omit for plain decoding")
+    d.add_argument("--input_file", help="one input a line (.tsv: input<TAB>reference)")
+    d.add_argument("--output", help="JSONL to append to; existing indices are skipped")
+    d.add_argument("--vocab", help="SentencePiece model (default: spiece.model in --target)")
+    for name, typ in (("gamma", int), ("temperature", float), ("top_k", int), ("top_p", float),
+                      ("lenience", float), ("max_decode_len", int), ("max_input_len", int),
+                      ("batch_size", int), ("seed", int)):
+        d.add_argument("--" + name, type=typ)
+    d.add_argument("--prefix", help="text prepended to every input, e.g. 'summarize: '")
+    d.add_argument("--dtype", choices=("float32", "bfloat16", "float16"))
+    for sp in (c, d):  # gin flags are accepted after the subcommand too
         sp.add_argument("--gin_file", action="append", dest="sub_gin_file", default=[])
         sp.add_argument("--gin_search_paths", dest="sub_gin_search_paths", default="")
     return p
@@ -98,18 +112,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parse_gin(files, bindings, paths)
     from speculative_t5.checkpoints import CheckpointError
     if args.command == "convert":
-        explicit = {k: v for k, v in dict(source=args.source, destination=args.destination,
-                                          format=args.format, dtype=args.dtype,
-                                          overwrite=args.overwrite).items() if v is not None}
-        try:
-            convert(**explicit)
-        except CheckpointError as e:
-            raise SystemExit(f"error: {e}") from None
-        except RuntimeError as e:  # gin.REQUIRED unfilled: neither flag nor binding given
-            if "Required bindings" not in str(e):
-                raise
-            raise SystemExit("error: convert needs --from and --to "
-                             "(or gin bindings convert.source / convert.destination)") from None
+        fn, names = convert, ("source", "destination", "format", "dtype", "overwrite")
+        required = "--from and --to (or gin bindings convert.source / convert.destination)"
+    else:
+        from speculative_t5.run_decode import decode as fn
+        names = ("target", "draft", "input_file", "output", "vocab", "gamma", "temperature",
+                 "top_k", "top_p", "lenience", "max_decode_len", "max_input_len", "batch_size",
+                 "seed", "prefix", "dtype")
+        required = "--target, --input_file and --output (or decode.* gin bindings)"
+    explicit = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
+    try:
+        fn(**explicit)
+    except (CheckpointError, ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"error: {e}") from None
+    except RuntimeError as e:  # gin.REQUIRED unfilled: neither flag nor binding given
+        if "Required bindings" not in str(e):
+            raise
+        raise SystemExit(f"error: {args.command} needs {required}") from None
     return 0
 
 

@@ -88,3 +88,21 @@ def hf_logits(model, input_ids, decoder_input_ids):
                     attention_mask=torch.tensor(input_ids != 0, dtype=torch.long),
                     decoder_input_ids=torch.tensor(decoder_input_ids, dtype=torch.long))
     return out.logits.float().numpy()
+
+
+def train_sentencepiece(directory, vocab_size=48):
+    """A T5-style SentencePiece model (pad 0, eos 1, unk 2) trained on a tiny corpus."""
+    import sentencepiece as spm
+    words = ("the quick brown fox jumps over a lazy dog while seven small birds sing "
+             "translate english to german summarize this text about models and data").split()
+    rng = np.random.RandomState(0)
+    corpus = os.path.join(directory, "corpus.txt")
+    with open(corpus, "w") as f:
+        for _ in range(400):
+            f.write(" ".join(rng.choice(words, size=rng.randint(3, 12))) + "\n")
+    prefix = os.path.join(directory, "spiece")
+    spm.SentencePieceTrainer.Train(
+        input=corpus, model_prefix=prefix, vocab_size=vocab_size, model_type="unigram",
+        pad_id=0, eos_id=1, unk_id=2, bos_id=-1, hard_vocab_limit=False,
+        minloglevel=2)
+    return prefix + ".model"

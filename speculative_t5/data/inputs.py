@@ -1,0 +1,20 @@
+"""Plain text / TSV input files: one example a line; in TSV the first column is the input
+and an optional second column the reference."""
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+
+def read_inputs(path: str, prefix: str = "") -> List[Tuple[str, Optional[str]]]:
+    """[(input text, reference or None)]; empty lines are an error (they would shift ids)."""
+    examples = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.rstrip("\n").rstrip("\r")
+            if not line.strip():
+                raise ValueError(f"{path}:{lineno}: empty line (every line is one example)")
+            text, _, ref = line.partition("\t") if path.endswith(".tsv") else (line, "", "")
+            examples.append((prefix + text, ref or None))
+    if not examples:
+        raise ValueError(f"{path}: no examples")
+    return examples

@@ -1,0 +1,58 @@
+"""T5's SentencePiece vocabulary (pad 0, eos 1, unk 2), by path or from a model directory."""
+from __future__ import annotations
+
+import os
+from typing import List, Optional, Sequence
+
+VOCAB_FILES = ("spiece.model", "sentencepiece.model", "vocab.model")
+
+
+class Vocabulary:
+    """Encode text to ids (EOS appended, as T5 inputs carry it) and decode ids to text."""
+
+    def __init__(self, path: str):
+        import sentencepiece as spm
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"SentencePiece model {path} does not exist")
+        self.path = path
+        self.sp = spm.SentencePieceProcessor()
+        try:
+            self.sp.Load(path)
+        except (OSError, RuntimeError) as e:
+            raise ValueError(f"{path}: not a SentencePiece model ({e})") from None
+        self.eos_id = self.sp.eos_id()
+        self.pad_id = self.sp.pad_id()
+        if (self.pad_id, self.eos_id) != (0, 1):
+            raise ValueError(f"{path}: T5 vocabularies have pad 0 and eos 1, this one has pad "
+                             f"{self.pad_id} and eos {self.eos_id}")
+
+    @property
+    def size(self) -> int:
+        return self.sp.GetPieceSize()
+
+    def encode(self, text: str) -> List[int]:
+        return list(self.sp.EncodeAsIds(text)) + [self.eos_id]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text up to the first EOS; ids past the vocabulary (T5 models have 32128 rows for
+        32100 pieces) decode as unk, as seqio does."""
+        out, size, unk = [], self.size, self.sp.unk_id()
+        for i in ids:
+            i = int(i)
+            if i == self.eos_id:
+                break
+            if i != self.pad_id:
+                out.append(i if i < size else unk)
+        return self.sp.DecodeIds(out)
+
+
+def find_vocabulary(vocab: Optional[str], *model_dirs: Optional[str]) -> Vocabulary:
+    """`vocab` if given, else the first SentencePiece model found in the model directories."""
+    if vocab:
+        return Vocabulary(vocab)
+    for d in model_dirs:
+        for name in VOCAB_FILES:
+            if d and os.path.isfile(os.path.join(d, name)):
+                return Vocabulary(os.path.join(d, name))
+    raise FileNotFoundError("no SentencePiece vocabulary: pass --vocab PATH or put "
+                            f"spiece.model in the model directory ({', '.join(filter(None, model_dirs))})")

@@ -1,0 +1,105 @@
+"""`speculative-t5 decode`: decode a text/TSV file with a target (and optionally a draft)
+model into JSONL, in fixed-shape batches, resuming where an earlier run stopped."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Optional
+
+import gin
+import jax
+import numpy as np
+from tqdm import tqdm
+
+from speculative_t5.checkpoints import load_checkpoint
+from speculative_t5.data import find_vocabulary, read_inputs
+from speculative_t5.decoding import generate
+
+LENGTH_BUCKET = 16  # inputs are padded to a multiple of this, so few shapes are compiled
+
+
+def _done_indices(path: str) -> set:
+    done = set()
+    if os.path.exists(path):
+        with open(path) as f:
+            for lineno, line in enumerate(f, 1):
+                try:
+                    done.add(json.loads(line)["index"])
+                except (ValueError, KeyError):
+                    raise ValueError(f"{path}:{lineno}: not a decode record; move the file "
+                                     "away or choose another --output") from None
+    return done
+
+
+@gin.configurable(denylist=["quiet"])
+def decode(target: str = gin.REQUIRED, input_file: str = gin.REQUIRED,
+           output: str = gin.REQUIRED, draft: Optional[str] = None, vocab: Optional[str] = None,
+           gamma: int = 4, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+           lenience: float = 1.0, max_decode_len: int = 64, max_input_len: int = 512,
+           batch_size: int = 8, seed: int = 0, prefix: str = "", dtype: Optional[str] = None,
+           quiet: bool = False) -> dict:
+    """Decode every line of `input_file`; one JSONL record per example in `output`."""
+    vocabulary = find_vocabulary(vocab, target, draft)
+    target_model = load_checkpoint(target, dtype=dtype)
+    draft_model = load_checkpoint(draft, dtype=dtype) if draft else None
+    if vocabulary.size > target_model.config.vocab_size:
+        raise ValueError(f"vocabulary {vocabulary.path} has {vocabulary.size} pieces, more than "
+                         f"the model's vocab_size {target_model.config.vocab_size}")
+    examples = read_inputs(input_file, prefix)
+    encoded = [vocabulary.encode(text) for text, _ in examples]
+    for i, ids in enumerate(encoded):
+        if len(ids) > max_input_len:
+            raise ValueError(f"{input_file}:{i + 1}: input has {len(ids)} tokens, longer than "
+                             f"max_input_len {max_input_len}")
+    done = _done_indices(output)
+    todo = [i for i in range(len(examples)) if i not in done]
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    rng = jax.random.PRNGKey(seed)
+    totals = {"tokens": 0, "target_calls": 0, "draft_calls": 0, "seconds": 0.0, "accepted": 0,
+              "proposed": 0}
+    bar = tqdm(total=len(todo), desc="decode", unit="ex", disable=quiet)
+    with open(output, "a") as out:
+        for start in range(0, len(todo), batch_size):
+            idx = todo[start:start + batch_size]
+            width = -(-max(len(encoded[i]) for i in idx) // LENGTH_BUCKET) * LENGTH_BUCKET
+            ids = np.zeros((batch_size, width), np.int32)
+            for row, i in enumerate(idx + [idx[0]] * (batch_size - len(idx))):  # fixed batch
+                ids[row, :len(encoded[i])] = encoded[i]
+            t0 = time.perf_counter()
+            res = generate(target_model, ids, draft=draft_model, gamma=gamma,
+                           max_decode_len=max_decode_len, temperature=temperature, top_k=top_k,
+                           top_p=top_p, lenience=lenience,
+                           rng=jax.random.fold_in(rng, idx[0]))
+            seconds = time.perf_counter() - t0
+            s = res.stats
+            for row, i in enumerate(idx):
+                n = int(res.lengths[row])
+                tokens = res.tokens[row, :n].tolist()
+                stats = {"target_calls": int(s["target_calls"][row]),
+                         "draft_calls": int(s["draft_calls"][row]),
+                         "tokens_per_call_hist": s["tokens_per_call_hist"][row].tolist(),
+                         "accepted": int(s["accepted_at"][row].sum()),
+                         "proposed": int(s["drafts_proposed"][row])}
+                record = {"index": i, "input": examples[i][0], "output": vocabulary.decode(tokens),
+                          "tokens": tokens, "length": n, "stats": stats,
+                          "batch_seconds": round(seconds, 4), "exact": bool(s["exact"])}
+                if examples[i][1] is not None:
+                    record["reference"] = examples[i][1]
+                out.write(json.dumps(record) + "\n")
+                totals["tokens"] += n
+                for k in ("target_calls", "draft_calls", "accepted", "proposed"):
+                    totals[k] += stats[k]
+            out.flush()
+            totals["seconds"] += seconds
+            bar.update(len(idx))
+            bar.set_postfix(tok_s=f"{totals['tokens'] / max(totals['seconds'], 1e-9):.1f}")
+    bar.close()
+    summary = dict(totals, examples=len(todo), skipped=len(done),
+                   tokens_per_target_call=totals["tokens"] / max(totals["target_calls"], 1),
+                   acceptance_rate=totals["accepted"] / max(totals["proposed"], 1) if draft else None,
+                   tokens_per_second=totals["tokens"] / max(totals["seconds"], 1e-9),
+                   exact=lenience == 1.0)
+    if not quiet:
+        print(json.dumps(summary))
+    return summary

@@ -1,0 +1,89 @@
+"""`speculative-t5 decode`: text/TSV in, JSONL out, greedy speculative == plain, resume."""
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import speculative_t5 as st
+from helpers import tiny_config, train_sentencepiece
+from speculative_t5 import cli
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    d = tmp_path_factory.mktemp("decode")
+    spm_path = train_sentencepiece(str(d))
+    target = st.init_model(tiny_config(), seed=0)
+    hf = str(d / "target_hf")
+    st.export_hf(target, hf)                      # an HF directory carrying its vocabulary
+    shutil.copy(spm_path, os.path.join(hf, "spiece.model"))
+    draft = str(d / "draft")
+    st.save_checkpoint(st.init_model(tiny_config(num_decoder_layers=1), seed=4), draft)
+    inputs = d / "inputs.tsv"
+    lines = ["the quick brown fox\tder fox", "seven small birds sing", "a lazy dog",
+             "translate english to german: the data", "summarize this text about models"]
+    inputs.write_text("\n".join(lines) + "\n")
+    return dict(dir=d, spm=spm_path, hf=hf, draft=draft, inputs=str(inputs), n=len(lines))
+
+
+def _read(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_decode_plain_and_speculative(setup, capsys):
+    d = setup["dir"]
+    plain, spec = str(d / "plain.jsonl"), str(d / "spec.jsonl")
+    assert cli.main(["decode", "--target", setup["hf"], "--input_file", setup["inputs"],
+                     "--output", plain, "--max_decode_len", "12", "--batch_size", "2"]) == 0
+    assert cli.main(["decode", "--target", setup["hf"], "--draft", setup["draft"],
+                     "--input_file", setup["inputs"], "--output", spec, "--batch_size", "4",
+                     "--gin.decode.max_decode_len=12", "--gin.decode.gamma=3"]) == 0
+    a, b = _read(plain), _read(spec)
+    assert [r["index"] for r in a] == list(range(setup["n"]))
+    assert [r["index"] for r in b] == list(range(setup["n"]))
+    vocab = st.data.Vocabulary(setup["spm"])
+    for ra, rb in zip(a, b):
+        assert ra["tokens"] == rb["tokens"] and ra["output"] == rb["output"]
+        assert ra["output"] == vocab.decode(ra["tokens"]) and 1 <= ra["length"] <= 12
+        assert ra["stats"]["target_calls"] == ra["length"]
+        assert rb["stats"]["draft_calls"] == 3 * rb["stats"]["target_calls"]
+        assert sum((i + 1) * c for i, c in enumerate(rb["stats"]["tokens_per_call_hist"])) == rb["length"]
+    assert a[0]["reference"] == "der fox" and "reference" not in a[1]
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["examples"] == setup["n"] and summary["exact"]
+
+
+def test_decode_resumes_without_duplicates(setup):
+    out = str(setup["dir"] / "resume.jsonl")
+    args = ["decode", "--target", setup["hf"], "--input_file", setup["inputs"], "--output", out,
+            "--max_decode_len", "8", "--batch_size", "2", "--temperature", "1.0"]
+    assert cli.main(args) == 0
+    full = _read(out)
+    with open(out, "w") as f:  # as if the run was killed after the first two records
+        f.writelines(json.dumps(r) + "\n" for r in full[:2])
+    assert cli.main(args) == 0
+    again = _read(out)
+    assert sorted(r["index"] for r in again) == list(range(setup["n"]))
+    # sampling is keyed by example, so the resumed run reproduces the same records
+    assert {r["index"]: r["tokens"] for r in again} == {r["index"]: r["tokens"] for r in full}
+
+
+def test_decode_errors(setup, tmp_path):
+    base = ["decode", "--target", setup["hf"], "--input_file", setup["inputs"],
+            "--output", str(tmp_path / "o.jsonl")]
+    with pytest.raises(SystemExit, match="max_input_len 3"):
+        cli.main(base + ["--max_input_len", "3"])
+    with pytest.raises(SystemExit, match="vocabulary"):
+        cli.main(["decode", "--target", setup["draft"], "--input_file", setup["inputs"],
+                  "--output", str(tmp_path / "o.jsonl")])
+    bad = tmp_path / "bad.txt"
+    bad.write_text("one\n\nthree\n")
+    with pytest.raises(SystemExit, match="bad.txt:2: empty line"):
+        cli.main(base[:3] + ["--input_file", str(bad), "--output", str(tmp_path / "o2.jsonl")])
+    with pytest.raises(SystemExit, match="gamma"):
+        cli.main(base + ["--draft", setup["draft"], "--gamma", "0"])
+    with pytest.raises(SystemExit, match="needs --target"):
+        cli.main(["decode"])
