@@ -12,19 +12,15 @@ the output layer (tied embedding for T5 1.0), plus K embedding rows.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import platform
-import statistics
-import time
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 from flax import traverse_util
 
 import speculative_t5 as st
+from speculative_t5.timing import interleaved_medians, step_timer
 
 
 def step_weight_bytes(model: st.Model, K: int) -> int:
@@ -54,26 +50,9 @@ def main():
     cfg = st.T5Config.preset(args.preset)
     model = st.init_model(cfg, seed=0)
     ks = [int(k) for k in args.ks.split(",")]
-    rng = np.random.RandomState(0)
-    x = jnp.asarray(rng.randint(2, cfg.vocab_size, (args.batch, args.input_len)), jnp.int32)
-    step = jax.jit(st.decode, donate_argnums=(1,))
-    caches, tokens = {}, {}
-    pos = jnp.full((args.batch,), args.pos, jnp.int32)
-    for K in ks:  # compile and warm up every K first
-        caches[K] = st.init_cache(model, x, args.max_len)
-        tokens[K] = jnp.asarray(rng.randint(2, cfg.vocab_size, (args.batch, K)), jnp.int32)
-        for _ in range(3):
-            logits, caches[K] = step(model, caches[K], tokens[K], pos)
-        logits.block_until_ready()
-    times = {K: [] for K in ks}
-    for _ in range(args.rounds):
-        for K in ks:
-            t0 = time.perf_counter()
-            logits, caches[K] = step(model, caches[K], tokens[K], pos)
-            logits.block_until_ready()
-            times[K].append(time.perf_counter() - t0)
-
-    med = {K: statistics.median(v) for K, v in times.items()}
+    timers = {K: step_timer(model, args.batch, K, args.input_len, args.max_len, args.pos)
+              for K in ks}
+    med = interleaved_medians(timers, args.rounds, warmup=3)
     print(f"{args.preset} decoder step, random weights, {cfg.param_dtype}, batch {args.batch}, "
           f"cache {args.max_len}, position {args.pos}, {jax.devices()[0].platform} "
           f"({os.cpu_count()} cores, {platform.processor() or platform.machine()}), "

@@ -55,19 +55,27 @@ def speculative_decode(target: StepFn, target_cache: Any, draft: StepFn, draft_c
     greedy = sampling.greedy
     seq = jnp.zeros((batch, max_len + 2), jnp.int32)
     m = jnp.zeros((batch,), jnp.int32)
-    state = (seq, m, jnp.zeros((batch,), bool), target_cache, draft_cache, rng,
-             init_stats(batch, gamma))
+    no = jnp.zeros((batch,), bool)
+    state = (seq, m, no, no, target_cache, draft_cache, rng, init_stats(batch, gamma))
     steps = jnp.arange(gamma + 1)[None, :]                                     # [1, G+1]
 
     def round_(state):
-        seq, m, done, tcache, dcache, rng, stats = state
+        seq, m, done, swept, tcache, dcache, rng, stats = state
         rng, k_draft, k_verify = jax.random.split(rng, 3)
 
-        # 1. Draft gamma tokens. The first call feeds positions m-1 and m (only 0 at m = 0)
-        #    so the draft cache is complete even after a round that accepted every draft.
-        start = jnp.maximum(m - 1, 0)                                          # [B]
-        logits, dcache = draft(dcache, _take(seq, start[:, None] + steps[:, :2]), start)
-        q1 = adjust(jnp.take_along_axis(logits, (m - start)[:, None, None], 1)[:, 0], sampling)
+        # 1. Draft gamma tokens. After a round that accepted every draft, the draft never
+        #    saw x_gamma (position m-1): then the first call feeds positions m-1 and m.
+        def feed_two(dcache):
+            start = jnp.maximum(m - 1, 0)                                      # [B]
+            logits, dcache = draft(dcache, _take(seq, start[:, None] + steps[:, :2]), start)
+            return jnp.take_along_axis(logits, (m - start)[:, None, None], 1)[:, 0], dcache
+
+        def feed_one(dcache):
+            logits, dcache = draft(dcache, _take(seq, m[:, None]), m)
+            return logits[:, 0], dcache
+
+        logits, dcache = jax.lax.cond(jnp.any(swept & ~done), feed_two, feed_one, dcache)
+        q1 = adjust(logits, sampling)                                          # [B, V]
         x1 = choose(jax.random.fold_in(k_draft, 0), q1, greedy)                # [B]
         qs = jnp.zeros((batch, gamma) + q1.shape[-1:], jnp.float32).at[:, 0].set(q1)
         xs = jnp.zeros((batch, gamma), jnp.int32).at[:, 0].set(x1)
@@ -93,7 +101,7 @@ def speculative_decode(target: StepFn, target_cache: Any, draft: StepFn, draft_c
         seq, m, new_done, emitted = emit(seq, m, done, new, n + 1, eos_id, max_len)
         reached = jnp.pad(accepted[:, :-1], ((0, 0), (1, 0)), constant_values=True)
         stats = record_call(stats, ~done, emitted, gamma, accepted, reached)
-        return seq, m, new_done, tcache, dcache, rng, stats
+        return seq, m, new_done, n == gamma, tcache, dcache, rng, stats
 
-    seq, m, _, _, _, _, stats = jax.lax.while_loop(lambda s: ~jnp.all(s[2]), round_, state)
+    seq, m, *_, stats = jax.lax.while_loop(lambda s: ~jnp.all(s[2]), round_, state)
     return seq[:, 1:max_len + 1], m, stats
