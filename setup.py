@@ -8,7 +8,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 INSTALL_REQUIRES = [
     "jax>=0.4.30", "flax>=0.10", "optax", "gin-config", "sentencepiece",
     "orbax-checkpoint", "tensorstore", "safetensors", "msgpack", "ml_dtypes", "numpy",
-    "tqdm", "rich",
+    "tqdm", "rich", "matplotlib", "scipy",
 ]
 EXTRAS = {
     "data": ["seqio", "tensorflow-datasets", "sacrebleu", "rouge-score"],

@@ -3,6 +3,8 @@
   speculative-t5 convert --from PATH --to PATH [--format native|hf] [--dtype bfloat16]
   speculative-t5 decode --target PATH [--draft PATH] --input_file F --output F.jsonl
       [--vocab spiece.model] [--gamma 4] [--temperature 0] [--top_k 0] [--top_p 1] ...
+  speculative-t5 train --gin_file=configs/demo_target.gin [--gin.train.steps=100]
+  speculative-t5 distill --gin_file=configs/demo_draft.gin
   Any command also takes [--gin_file=F ...] [--gin.decode.gamma=7] [--gin_search_paths=a,b].
 
 Gin: `--gin_file` may repeat; `--gin.NAME=VALUE` becomes the binding `NAME = VALUE`;
@@ -97,7 +99,14 @@ def _parser() -> argparse.ArgumentParser:
         d.add_argument("--" + name, type=typ)
     d.add_argument("--prefix", help="text prepended to every input, e.g. 'summarize: '")
     d.add_argument("--dtype", choices=("float32", "bfloat16", "float16"))
-    for sp in (c, d):  # gin flags are accepted after the subcommand too
+    trainers = []
+    for name, text in (("train", "train a T5 on the demo corpus (gin-configured, resumable)"),
+                       ("distill", "distill a draft from a teacher (gin-configured, resumable)")):
+        t = sub.add_parser(name, help=text)
+        t.add_argument("--model_dir", help="where checkpoints and the final model go")
+        t.add_argument("--steps", type=int)
+        trainers.append(t)
+    for sp in (c, d, *trainers):  # gin flags are accepted after the subcommand too
         sp.add_argument("--gin_file", action="append", dest="sub_gin_file", default=[])
         sp.add_argument("--gin_search_paths", dest="sub_gin_search_paths", default="")
     return p
@@ -109,11 +118,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(rest)
     files = args.gin_file + args.sub_gin_file
     paths = [s for s in (args.gin_search_paths + "," + args.sub_gin_search_paths).split(",") if s]
+    from speculative_t5 import run_decode, training  # noqa: F401  (register gin configurables)
     parse_gin(files, bindings, paths)
     from speculative_t5.checkpoints import CheckpointError
     if args.command == "convert":
         fn, names = convert, ("source", "destination", "format", "dtype", "overwrite")
         required = "--from and --to (or gin bindings convert.source / convert.destination)"
+    elif args.command in ("train", "distill"):
+        from speculative_t5 import training
+        fn, names = getattr(training, args.command), ("model_dir", "steps")
+        required = "a --gin_file that sets the run (e.g. configs/demo_target.gin)"
     else:
         from speculative_t5.run_decode import decode as fn
         names = ("target", "draft", "input_file", "output", "vocab", "gamma", "temperature",

@@ -1,0 +1,247 @@
+"""Training (teacher-forced cross-entropy) and distillation (token-level KL to a teacher,
+as in DistillSpec) with optax, gin-configured like a T5X training launch.
+
+Both share one loop: deterministic data order (a permutation per epoch from the seed, so a
+resumed run sees exactly the batches it would have seen), orbax checkpoints of params,
+optimizer state and step every `checkpoint_every` steps, resume from the latest, a
+progress bar with loss and tokens/s, and the final model written in the native format
+(`MODEL_DIR/model`) and as a Hugging Face directory (`MODEL_DIR/hf`) with the vocabulary.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import time
+from typing import Callable, Dict, Optional
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from tqdm import tqdm
+
+from speculative_t5.checkpoints import export_hf, load_checkpoint, save_checkpoint
+from speculative_t5.data.demo_corpus import write_corpus
+from speculative_t5.data.vocabulary import Vocabulary
+from speculative_t5.model.api import Model, init_model
+from speculative_t5.model.config import T5Config
+from speculative_t5.model.t5 import T5
+
+
+# ----------------------------------------------------------------------------- data
+def prepare_data(data_dir: str, vocab_size: int) -> Vocabulary:
+    """Build the stdlib corpus and its SentencePiece vocabulary in data_dir if missing."""
+    import sentencepiece as spm
+    if not os.path.exists(os.path.join(data_dir, "train.jsonl")):
+        write_corpus(data_dir)
+    model = os.path.join(data_dir, "spiece.model")
+    if not os.path.exists(model):
+        spm.SentencePieceTrainer.Train(
+            input=os.path.join(data_dir, "vocab_text.txt"), model_prefix=model[:-6],
+            vocab_size=vocab_size, model_type="unigram", character_coverage=1.0,
+            pad_id=0, eos_id=1, unk_id=2, bos_id=-1, hard_vocab_limit=False,
+            max_sentence_length=20000, minloglevel=2, num_threads=2)
+    return Vocabulary(model)
+
+
+def read_split(data_dir: str, split: str):
+    path = os.path.join(data_dir, f"{split}.jsonl")
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def tokenize(texts, vocab: Vocabulary, length: int) -> np.ndarray:
+    """int32 [N, length]: ids with EOS, truncated (EOS kept last) and 0-padded."""
+    out = np.zeros((len(texts), length), np.int32)
+    for i, text in enumerate(texts):
+        ids = vocab.encode(text)
+        ids = ids[:length - 1] + [vocab.eos_id] if len(ids) > length else ids
+        out[i, :len(ids)] = ids
+    return out
+
+
+def batch_indices(n: int, batch_size: int, step: int, seed: int) -> np.ndarray:
+    """Example indices of batch `step`: epoch-wise permutations, reproducible on resume."""
+    per_epoch = n // batch_size
+    epoch, k = divmod(step, per_epoch)
+    perm = np.random.RandomState(seed + epoch).permutation(n)
+    return perm[k * batch_size:(k + 1) * batch_size]
+
+
+def shift_right(targets: jnp.ndarray) -> jnp.ndarray:
+    return jnp.pad(targets[:, :-1], ((0, 0), (1, 0)))
+
+
+# ----------------------------------------------------------------------------- the loop
+def _optimizer(name: str, learning_rate: float, warmup: int, steps: int, weight_decay: float):
+    schedule = optax.warmup_cosine_decay_schedule(0.0, learning_rate, max(warmup, 1),
+                                                  max(steps, warmup + 1), learning_rate * 0.1)
+    if name == "adamw":
+        opt = optax.adamw(schedule, weight_decay=weight_decay)
+    elif name == "adafactor":
+        opt = optax.adafactor(schedule, weight_decay_rate=weight_decay or None)
+    else:
+        raise ValueError(f"optimizer must be 'adamw' or 'adafactor', got {name!r}")
+    return optax.chain(optax.clip_by_global_norm(1.0), opt)
+
+
+def fit(model_dir: str, model: Model, loss_fn: Callable, data: Dict[str, np.ndarray],
+        steps: int, batch_size: int, learning_rate: float, warmup_steps: int,
+        weight_decay: float, optimizer: str, seed: int, checkpoint_every: int,
+        desc: str, quiet: bool = False, max_steps_per_run: Optional[int] = None):
+    """Minimise loss_fn(params, batch) -> (loss, num_tokens) over batches of `data`.
+    max_steps_per_run: stop (with a checkpoint) after this many steps; rerun to continue.
+    Returns (model, whether all `steps` are done)."""
+    import orbax.checkpoint as ocp
+    n = len(next(iter(data.values())))
+    if n < batch_size:
+        raise ValueError(f"{n} training examples is fewer than batch_size {batch_size}")
+    tx = _optimizer(optimizer, learning_rate, warmup_steps, steps, weight_decay)
+    state = {"params": model.params, "opt_state": tx.init(model.params), "step": jnp.zeros((), jnp.int32)}
+    ckpt_dir = os.path.abspath(os.path.join(model_dir, "checkpoints"))
+    manager = ocp.CheckpointManager(ckpt_dir, options=ocp.CheckpointManagerOptions(max_to_keep=2))
+    start = 0
+    if manager.latest_step() is not None:
+        start = int(manager.latest_step())
+        state = manager.restore(start, args=ocp.args.StandardRestore(state))
+        if not quiet:
+            print(f"resuming {desc} from step {start} ({ckpt_dir})")
+
+    @functools.partial(jax.jit, donate_argnums=(0,))
+    def train_step(state, batch):
+        (loss, ntok), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], batch)
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, loss, ntok
+
+    bar = tqdm(total=steps, initial=start, desc=desc, disable=quiet)
+    t0, tokens, loss = time.perf_counter(), 0, float("nan")
+    stop = steps if max_steps_per_run is None else min(steps, start + max_steps_per_run)
+    for step in range(start, stop):
+        idx = batch_indices(n, batch_size, step, seed)
+        state, loss, ntok = train_step(state, {k: v[idx] for k, v in data.items()})
+        tokens += int(ntok)
+        if (step + 1) % checkpoint_every == 0 or step + 1 == stop:
+            manager.save(step + 1, args=ocp.args.StandardSave(state))
+        bar.update(1)
+        bar.set_postfix(loss=f"{float(loss):.3f}",
+                        tok_s=f"{tokens / (time.perf_counter() - t0):.0f}")
+    bar.close()
+    manager.wait_until_finished()
+    manager.close()
+    trained = Model(model.config, state["params"])
+    with open(os.path.join(model_dir, "train_log.json"), "a") as f:
+        f.write(json.dumps({"desc": desc, "steps": steps, "final_loss": float(loss)}) + "\n")
+    return trained, stop == steps
+
+
+def _write_outputs(model_dir: str, model: Model, vocab: Vocabulary, export_dtype: str):
+    save_checkpoint(model, os.path.join(model_dir, "model"), overwrite=True)
+    from speculative_t5.model.api import cast_params
+    hf = os.path.join(model_dir, "hf")
+    shutil.rmtree(hf, ignore_errors=True)
+    export_hf(cast_params(model, export_dtype), hf)
+    shutil.copy(vocab.path, os.path.join(hf, "spiece.model"))
+
+
+def _cross_entropy(logits, targets):
+    mask = (targets != 0).astype(jnp.float32)                                   # [B, T]
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    ntok = jnp.sum(mask)
+    return jnp.sum(nll * mask) / jnp.maximum(ntok, 1.0), ntok
+
+
+@gin.configurable(denylist=["quiet"])
+def train(model_dir: str = gin.REQUIRED, data_dir: str = gin.REQUIRED,
+          config: T5Config = gin.REQUIRED, steps: int = 1000, batch_size: int = 32,
+          learning_rate: float = 1e-3, warmup_steps: int = 100, weight_decay: float = 0.01,
+          optimizer: str = "adamw", input_len: int = 128, target_len: int = 32,
+          vocab_size: int = 2048, seed: int = 0, checkpoint_every: int = 100,
+          max_examples: Optional[int] = None, export_dtype: str = "bfloat16",
+          max_steps_per_run: Optional[int] = None, quiet: bool = False) -> Model:
+    """Train a T5 from scratch on the demo corpus (teacher-forced cross-entropy)."""
+    vocab = prepare_data(data_dir, vocab_size)
+    if vocab.size > config.vocab_size:
+        raise ValueError(f"vocabulary has {vocab.size} pieces but config.vocab_size is "
+                         f"{config.vocab_size}")
+    rows = read_split(data_dir, "train")[:max_examples]
+    data = {"inputs": tokenize([r["input"] for r in rows], vocab, input_len),
+            "targets": tokenize([r["target"] for r in rows], vocab, target_len)}
+    module = T5(config)
+
+    def loss_fn(params, batch):
+        logits = module.apply({"params": params}, batch["inputs"], shift_right(batch["targets"]))
+        return _cross_entropy(logits, batch["targets"])
+
+    model, finished = fit(model_dir, init_model(config, seed), loss_fn, data, steps, batch_size,
+                learning_rate, warmup_steps, weight_decay, optimizer, seed, checkpoint_every,
+                "train", quiet, max_steps_per_run)
+    if finished:
+        _write_outputs(model_dir, model, vocab, export_dtype)
+    return model
+
+
+def teacher_outputs(teacher: Model, inputs: np.ndarray, length: int, batch_size: int = 64,
+                    cache: Optional[str] = None) -> np.ndarray:
+    """The teacher's greedy outputs for every input (saved to `cache` to survive restarts)."""
+    from speculative_t5.decoding import generate
+    if cache and os.path.exists(cache):
+        return np.load(cache)
+    outs = []
+    for i in range(0, len(inputs), batch_size):
+        chunk = inputs[i:i + batch_size]
+        padded = np.concatenate([chunk, np.repeat(chunk[:1], batch_size - len(chunk), 0)])
+        outs.append(generate(teacher, padded, max_decode_len=length).tokens[:len(chunk)])
+    out = np.concatenate(outs).astype(np.int32)
+    if cache:
+        np.save(cache, out)
+    return out
+
+
+@gin.configurable(denylist=["quiet"])
+def distill(model_dir: str = gin.REQUIRED, teacher: str = gin.REQUIRED,
+            data_dir: str = gin.REQUIRED, config: T5Config = gin.REQUIRED, steps: int = 1000,
+            batch_size: int = 32, learning_rate: float = 1e-3, warmup_steps: int = 100,
+            weight_decay: float = 0.01, optimizer: str = "adamw", input_len: int = 128,
+            target_len: int = 32, vocab_size: int = 2048, seed: int = 0,
+            checkpoint_every: int = 100, max_examples: Optional[int] = None,
+            temperature: float = 1.0, export_dtype: str = "bfloat16",
+            max_steps_per_run: Optional[int] = None, quiet: bool = False) -> Model:
+    """Train a draft to match a teacher: forward KL(p_teacher || q_draft) per token, on the
+    data's targets and on the teacher's own greedy outputs (what it will be asked to draft)."""
+    vocab = prepare_data(data_dir, vocab_size)
+    teacher_model = load_checkpoint(teacher, dtype="float32")
+    if teacher_model.config.vocab_size != config.vocab_size:
+        raise ValueError(f"draft vocab_size {config.vocab_size} != teacher's "
+                         f"{teacher_model.config.vocab_size}")
+    rows = read_split(data_dir, "train")[:max_examples]
+    inputs = tokenize([r["input"] for r in rows], vocab, input_len)
+    targets = tokenize([r["target"] for r in rows], vocab, target_len)
+    os.makedirs(model_dir, exist_ok=True)
+    generated = teacher_outputs(teacher_model, inputs, target_len,
+                                cache=os.path.join(model_dir, "teacher_outputs.npy"))
+    data = {"inputs": np.concatenate([inputs, inputs]),
+            "targets": np.concatenate([targets, generated])}
+    module, tmodule = T5(config), T5(teacher_model.config)
+    tparams = teacher_model.params
+
+    def loss_fn(params, batch):
+        dec = shift_right(batch["targets"])
+        p = jax.nn.log_softmax(jax.lax.stop_gradient(
+            tmodule.apply({"params": tparams}, batch["inputs"], dec)) / temperature, -1)
+        q = jax.nn.log_softmax(module.apply({"params": params}, batch["inputs"], dec) / temperature, -1)
+        kl = jnp.sum(jnp.exp(p) * (p - q), axis=-1)                              # [B, T]
+        mask = (batch["targets"] != 0).astype(jnp.float32)
+        ntok = jnp.sum(mask)
+        return jnp.sum(kl * mask) / jnp.maximum(ntok, 1.0), ntok
+
+    model, finished = fit(model_dir, init_model(config, seed), loss_fn, data, steps, batch_size,
+                learning_rate, warmup_steps, weight_decay, optimizer, seed, checkpoint_every,
+                "distill", quiet, max_steps_per_run)
+    if finished:
+        _write_outputs(model_dir, model, vocab, export_dtype)
+    return model

@@ -1,0 +1,96 @@
+"""Demo corpus, training (loss falls, resume continues) and distillation (alpha rises)."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+import speculative_t5 as st
+from speculative_t5 import training
+from speculative_t5.alpha import measure_alpha
+from speculative_t5.data import demo_corpus
+from speculative_t5.decoding.sampling import SamplingConfig
+
+
+def test_corpus_is_deterministic_and_splits_do_not_overlap():
+    a = demo_corpus.build_corpus()
+    b = demo_corpus.build_corpus()
+    assert a == b and len(a) > 2000
+    by_split = {s: [e for e in a if e["split"] == s] for s in demo_corpus.SPLITS}
+    assert all(len(v) > 50 for v in by_split.values())
+    modules = {s: {e["module"] for e in v} for s, v in by_split.items()}
+    assert not modules["train"] & modules["test"] and not modules["train"] & modules["validation"]
+    assert not modules["validation"] & modules["test"]
+    inputs = {s: {e["input"] for e in v} for s, v in by_split.items()}
+    assert not inputs["train"] & inputs["test"]
+    assert len({e["input"] for e in a}) == len(a)
+    for e in a[:300]:
+        assert e["input"].startswith("summarize: ") and "def " in e["input"]
+        assert e["target"] not in e["input"]          # the docstring was removed
+        assert len(e["target"].split()) >= 3
+
+
+def test_first_sentence():
+    assert demo_corpus.first_sentence("Return the sum of a and b.  More text here.") == \
+        "Return the sum of a and b."
+    assert demo_corpus.first_sentence("Two words") is None
+    assert demo_corpus.first_sentence(">>> example() is shown here") is None
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("corpus"))
+    training.prepare_data(d, vocab_size=128)
+    return d
+
+
+TINY = dict(vocab_size=128, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64,
+            num_encoder_layers=1, num_decoder_layers=1)
+
+
+def test_training_lowers_loss_and_resumes(corpus_dir, tmp_path):
+    cfg = st.T5Config(**TINY)
+    kw = dict(data_dir=corpus_dir, config=cfg, batch_size=8, input_len=32, target_len=12,
+              vocab_size=128, max_examples=64, learning_rate=3e-3, warmup_steps=2,
+              checkpoint_every=4, quiet=True)
+    model_dir = str(tmp_path / "run")
+    training.train(model_dir=model_dir, steps=24, max_steps_per_run=8, **kw)  # "killed" at 8
+    ckpts = os.listdir(os.path.join(model_dir, "checkpoints"))
+    assert "8" in ckpts and "4" in ckpts and not os.path.exists(os.path.join(model_dir, "hf"))
+    resumed = training.train(model_dir=model_dir, steps=24, **kw)    # continues from step 8
+    fresh = training.train(model_dir=str(tmp_path / "fresh"), steps=24, **kw)
+    # resuming gives exactly the run that never stopped (same data order, same state)
+    for a, b in zip(*(jax_leaves(m) for m in (resumed, fresh))):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    logs = [json.loads(l) for l in open(os.path.join(model_dir, "train_log.json"))]
+    assert logs[-1]["final_loss"] < logs[0]["final_loss"]
+    assert st.detect_format(os.path.join(model_dir, "hf")) == "hf"
+    assert os.path.exists(os.path.join(model_dir, "hf", "spiece.model"))
+    assert st.load_checkpoint(os.path.join(model_dir, "model")).config == cfg
+
+
+def jax_leaves(model):
+    import jax
+    return [np.asarray(x) for x in jax.tree_util.tree_leaves(model.params)]
+
+
+def test_distillation_raises_alpha(corpus_dir, tmp_path):
+    cfg = st.T5Config(**TINY)
+    teacher = training.train(model_dir=str(tmp_path / "teacher"), data_dir=corpus_dir, config=cfg,
+                             steps=30, batch_size=8, input_len=32, target_len=10, vocab_size=128,
+                             max_examples=48, learning_rate=5e-3, warmup_steps=2,
+                             checkpoint_every=100, quiet=True)
+    draft_cfg = cfg.replace(emb_dim=16, mlp_dim=32, num_heads=1)
+    kw = dict(teacher=str(tmp_path / "teacher" / "model"), data_dir=corpus_dir, config=draft_cfg,
+              batch_size=8, input_len=32, target_len=10, vocab_size=128, max_examples=48,
+              learning_rate=1e-2, warmup_steps=2, checkpoint_every=100, quiet=True)
+    before = training.distill(model_dir=str(tmp_path / "d0"), steps=1, **kw)
+    after = training.distill(model_dir=str(tmp_path / "d1"), steps=60, **kw)
+    vocab = st.data.Vocabulary(os.path.join(corpus_dir, "spiece.model"))
+    rows = training.read_split(corpus_dir, "train")[:48]
+    x = training.tokenize([r["input"] for r in rows], vocab, 32)
+    y = st.generate(teacher, x, max_decode_len=10).tokens
+    s = SamplingConfig(1.0)
+    a0 = measure_alpha(teacher, before, x, y, s)[0]
+    a1 = measure_alpha(teacher, after, x, y, s)[0]
+    assert a1 > a0 + 0.1, (a0, a1)
