@@ -30,7 +30,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["speculative_t5", "speculative_t5.*"]) + GIN_PACKAGES,
     package_dir={"speculative_t5.gin": "gin"},
-    package_data={p: ["*.gin"] for p in GIN_PACKAGES},
+    package_data={"speculative_t5": ["demo_models/*/*"], **{p: ["*.gin"] for p in GIN_PACKAGES}},
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,
     entry_points={"console_scripts": ["speculative-t5=speculative_t5.cli:main"]},

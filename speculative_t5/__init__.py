@@ -7,3 +7,4 @@ from speculative_t5.checkpoints import (CheckpointError, detect_format, export_h
                                         load_checkpoint, save_checkpoint)
 from speculative_t5.decoding import GenerateOutput, generate
 from speculative_t5 import data
+from speculative_t5.demo import load_demo

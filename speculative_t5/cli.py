@@ -1,5 +1,6 @@
 """`speculative-t5` command line, launched the T5X way.
 
+  speculative-t5 demo [--output_dir D] [--num_examples N] [--gamma G] [--temperature T]
   speculative-t5 convert --from PATH --to PATH [--format native|hf] [--dtype bfloat16]
   speculative-t5 decode --target PATH [--draft PATH] --input_file F --output F.jsonl
       [--vocab spiece.model] [--gamma 4] [--temperature 0] [--top_k 0] [--top_p 1] ...
@@ -99,6 +100,14 @@ def _parser() -> argparse.ArgumentParser:
         d.add_argument("--" + name, type=typ)
     d.add_argument("--prefix", help="text prepended to every input, e.g. 'summarize: '")
     d.add_argument("--dtype", choices=("float32", "bfloat16", "float16"))
+    m = sub.add_parser("demo", help="the shipped pair: plain vs speculative, alpha, c, v, speedup, plots")
+    m.add_argument("--output_dir")
+    m.add_argument("--num_examples", type=int)
+    m.add_argument("--gamma", type=int)
+    m.add_argument("--temperature", type=float)
+    m.add_argument("--target", help="target checkpoint instead of the shipped one (with --draft, --vocab)")
+    m.add_argument("--draft")
+    m.add_argument("--vocab")
     trainers = []
     for name, text in (("train", "train a T5 on the demo corpus (gin-configured, resumable)"),
                        ("distill", "distill a draft from a teacher (gin-configured, resumable)")):
@@ -106,7 +115,7 @@ def _parser() -> argparse.ArgumentParser:
         t.add_argument("--model_dir", help="where checkpoints and the final model go")
         t.add_argument("--steps", type=int)
         trainers.append(t)
-    for sp in (c, d, *trainers):  # gin flags are accepted after the subcommand too
+    for sp in (c, d, m, *trainers):  # gin flags are accepted after the subcommand too
         sp.add_argument("--gin_file", action="append", dest="sub_gin_file", default=[])
         sp.add_argument("--gin_search_paths", dest="sub_gin_search_paths", default="")
     return p
@@ -118,12 +127,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(rest)
     files = args.gin_file + args.sub_gin_file
     paths = [s for s in (args.gin_search_paths + "," + args.sub_gin_search_paths).split(",") if s]
-    from speculative_t5 import run_decode, training  # noqa: F401  (register gin configurables)
+    from speculative_t5 import demo, run_decode, training  # noqa: F401  (register gin configurables)
     parse_gin(files, bindings, paths)
     from speculative_t5.checkpoints import CheckpointError
     if args.command == "convert":
         fn, names = convert, ("source", "destination", "format", "dtype", "overwrite")
         required = "--from and --to (or gin bindings convert.source / convert.destination)"
+    elif args.command == "demo":
+        from speculative_t5.demo import demo as fn
+        names = ("output_dir", "num_examples", "gamma", "temperature", "target", "draft", "vocab")
+        required = ""
     elif args.command in ("train", "distill"):
         from speculative_t5 import training
         fn, names = getattr(training, args.command), ("model_dir", "steps")

@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from speculative_t5.checkpoints import export_hf, load_checkpoint, save_checkpoint
 from speculative_t5.data.demo_corpus import write_corpus
+from speculative_t5.data.inputs import tokenize
 from speculative_t5.data.vocabulary import Vocabulary
 from speculative_t5.model.api import Model, init_model
 from speculative_t5.model.config import T5Config
@@ -51,16 +52,6 @@ def read_split(data_dir: str, split: str):
     path = os.path.join(data_dir, f"{split}.jsonl")
     with open(path) as f:
         return [json.loads(line) for line in f]
-
-
-def tokenize(texts, vocab: Vocabulary, length: int) -> np.ndarray:
-    """int32 [N, length]: ids with EOS, truncated (EOS kept last) and 0-padded."""
-    out = np.zeros((len(texts), length), np.int32)
-    for i, text in enumerate(texts):
-        ids = vocab.encode(text)
-        ids = ids[:length - 1] + [vocab.eos_id] if len(ids) > length else ids
-        out[i, :len(ids)] = ids
-    return out
 
 
 def batch_indices(n: int, batch_size: int, step: int, seed: int) -> np.ndarray:
@@ -147,12 +138,31 @@ def _write_outputs(model_dir: str, model: Model, vocab: Vocabulary, export_dtype
     shutil.copy(vocab.path, os.path.join(hf, "spiece.model"))
 
 
-def _cross_entropy(logits, targets):
-    mask = (targets != 0).astype(jnp.float32)                                   # [B, T]
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+def _masked_mean(values, targets):
+    """Mean of values [B, T] over real (non-pad) target tokens, and their count."""
+    mask = (targets != 0).astype(jnp.float32)
     ntok = jnp.sum(mask)
-    return jnp.sum(nll * mask) / jnp.maximum(ntok, 1.0), ntok
+    return jnp.sum(values * mask) / jnp.maximum(ntok, 1.0), ntok
+
+
+def _cross_entropy(logits, targets):
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    return _masked_mean(-jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0], targets)
+
+
+def _fit_and_export(model_dir, config, loss_fn, data, vocab, desc, export_dtype, **fit_kw):
+    """fit() from a fresh init; once all steps are done, write model/ and hf/."""
+    model, finished = fit(model_dir, init_model(config, fit_kw["seed"]), loss_fn, data,
+                          desc=desc, **fit_kw)
+    if finished:
+        _write_outputs(model_dir, model, vocab, export_dtype)
+    return model
+
+
+def _fit_kwargs(scope: dict) -> dict:
+    names = ("steps", "batch_size", "learning_rate", "warmup_steps", "weight_decay", "optimizer",
+             "seed", "checkpoint_every", "quiet", "max_steps_per_run")
+    return {k: scope[k] for k in names}
 
 
 @gin.configurable(denylist=["quiet"])
@@ -177,12 +187,8 @@ def train(model_dir: str = gin.REQUIRED, data_dir: str = gin.REQUIRED,
         logits = module.apply({"params": params}, batch["inputs"], shift_right(batch["targets"]))
         return _cross_entropy(logits, batch["targets"])
 
-    model, finished = fit(model_dir, init_model(config, seed), loss_fn, data, steps, batch_size,
-                learning_rate, warmup_steps, weight_decay, optimizer, seed, checkpoint_every,
-                "train", quiet, max_steps_per_run)
-    if finished:
-        _write_outputs(model_dir, model, vocab, export_dtype)
-    return model
+    return _fit_and_export(model_dir, config, loss_fn, data, vocab, "train", export_dtype,
+                           **_fit_kwargs(locals()))
 
 
 def teacher_outputs(teacher: Model, inputs: np.ndarray, length: int, batch_size: int = 64,
@@ -234,14 +240,7 @@ def distill(model_dir: str = gin.REQUIRED, teacher: str = gin.REQUIRED,
         p = jax.nn.log_softmax(jax.lax.stop_gradient(
             tmodule.apply({"params": tparams}, batch["inputs"], dec)) / temperature, -1)
         q = jax.nn.log_softmax(module.apply({"params": params}, batch["inputs"], dec) / temperature, -1)
-        kl = jnp.sum(jnp.exp(p) * (p - q), axis=-1)                              # [B, T]
-        mask = (batch["targets"] != 0).astype(jnp.float32)
-        ntok = jnp.sum(mask)
-        return jnp.sum(kl * mask) / jnp.maximum(ntok, 1.0), ntok
+        return _masked_mean(jnp.sum(jnp.exp(p) * (p - q), axis=-1), batch["targets"])  # KL [B, T]
 
-    model, finished = fit(model_dir, init_model(config, seed), loss_fn, data, steps, batch_size,
-                learning_rate, warmup_steps, weight_decay, optimizer, seed, checkpoint_every,
-                "distill", quiet, max_steps_per_run)
-    if finished:
-        _write_outputs(model_dir, model, vocab, export_dtype)
-    return model
+    return _fit_and_export(model_dir, config, loss_fn, data, vocab, "distill", export_dtype,
+                           **_fit_kwargs(locals()))

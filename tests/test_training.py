@@ -88,7 +88,7 @@ def test_distillation_raises_alpha(corpus_dir, tmp_path):
     after = training.distill(model_dir=str(tmp_path / "d1"), steps=60, **kw)
     vocab = st.data.Vocabulary(os.path.join(corpus_dir, "spiece.model"))
     rows = training.read_split(corpus_dir, "train")[:48]
-    x = training.tokenize([r["input"] for r in rows], vocab, 32)
+    x = st.data.tokenize([r["input"] for r in rows], vocab, 32)
     y = st.generate(teacher, x, max_decode_len=10).tokens
     s = SamplingConfig(1.0)
     a0 = measure_alpha(teacher, before, x, y, s)[0]

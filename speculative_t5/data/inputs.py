@@ -2,7 +2,9 @@
 and an optional second column the reference."""
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
 
 
 def read_inputs(path: str, prefix: str = "") -> List[Tuple[str, Optional[str]]]:
@@ -18,3 +20,13 @@ def read_inputs(path: str, prefix: str = "") -> List[Tuple[str, Optional[str]]]:
     if not examples:
         raise ValueError(f"{path}: no examples")
     return examples
+
+
+def tokenize(texts: Sequence[str], vocab, length: int) -> np.ndarray:
+    """int32 [N, length]: ids with EOS, truncated (EOS kept last) and 0-padded."""
+    out = np.zeros((len(texts), length), np.int32)
+    for i, text in enumerate(texts):
+        ids = vocab.encode(text)
+        ids = ids[:length - 1] + [vocab.eos_id] if len(ids) > length else ids
+        out[i, :len(ids)] = ids
+    return out

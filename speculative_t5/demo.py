@@ -1,0 +1,245 @@
+"""`speculative-t5 demo`: the shipped target/draft pair decodes held-out inputs of the
+standard-library docstring task, plain and speculative (greedy, then temperature 1), and
+reports what the paper reports: alpha, tokens per target call, c, v, measured speedup
+beside eq. (5)'s prediction (with measured v and with the paper's v = 1), plus Figure 4
+(tokens per call) and Figure 5 (speedup against gamma) as PNG files."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import gin
+import jax
+import numpy as np
+from tqdm import tqdm
+
+from speculative_t5 import analysis
+from speculative_t5.alpha import measure_alpha
+from speculative_t5.checkpoints import load_checkpoint
+from speculative_t5.data import Vocabulary, tokenize
+from speculative_t5.data.demo_corpus import build_corpus
+from speculative_t5.decoding import generate
+from speculative_t5.decoding.sampling import SamplingConfig
+from speculative_t5.model.api import Model
+from speculative_t5.timing import interleaved_medians, step_timer
+
+DEMO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo_models")
+
+
+def load_demo(dtype: str = "float32") -> Tuple[Model, Model, str]:
+    """(target, draft, vocabulary path) of the pair shipped inside the package."""
+    target_dir, draft_dir = os.path.join(DEMO_DIR, "target"), os.path.join(DEMO_DIR, "draft")
+    if not os.path.isdir(target_dir) or not os.path.isdir(draft_dir):
+        raise FileNotFoundError(f"the demo pair is missing from this installation ({DEMO_DIR})")
+    return (load_checkpoint(target_dir, dtype=dtype), load_checkpoint(draft_dir, dtype=dtype),
+            os.path.join(target_dir, "spiece.model"))
+
+
+def _decode_all(model, draft, inputs, gamma, sampling, max_len, seed, bar, key):
+    """Decode each input alone (batch 1); returns (outputs, seconds per example, stats)."""
+    outs, secs, stats = [], [], []
+    for i in range(len(inputs)):
+        t0 = time.perf_counter()
+        res = generate(model, inputs[i:i + 1], draft=draft, gamma=gamma, max_decode_len=max_len,
+                       temperature=sampling.temperature, top_k=sampling.top_k,
+                       top_p=sampling.top_p, rng=jax.random.PRNGKey(seed * 100003 + i))
+        secs.append(time.perf_counter() - t0)
+        outs.append(res)
+        bar.update(1)
+        bar.set_postfix_str(key)
+    return outs, np.array(secs)
+
+
+def _warm(model, draft, inputs, gamma, sampling, max_len) -> float:
+    t0 = time.perf_counter()
+    generate(model, inputs[:1], draft=draft, gamma=gamma, max_decode_len=max_len,
+             temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
+    return time.perf_counter() - t0
+
+
+def _setting(target, draft, inputs, gamma, sampling, max_len, seed, bar, c, v) -> Dict:
+    """Plain vs speculative at one sampling setting, per-example batch-1 walltime."""
+    plain, t_plain = _decode_all(target, None, inputs, gamma, sampling, max_len, seed, bar, "plain")
+    spec, t_spec = _decode_all(target, draft, inputs, gamma, sampling, max_len, seed, bar, "spec")
+    tokens = np.concatenate([r.tokens for r in plain])
+    alpha, alpha_ci, positions = measure_alpha(target, draft, inputs, tokens, sampling)
+    calls = sum(int(r.stats["target_calls"].sum()) for r in spec)
+    emitted = sum(int(r.lengths.sum()) for r in spec)
+    hist = np.sum([r.stats["tokens_per_call_hist"].sum(0) for r in spec], axis=0)
+    same = [bool(np.array_equal(a.tokens, b.tokens)) for a, b in zip(plain, spec)]
+    out = {"alpha": alpha, "alpha_ci95": alpha_ci, "alpha_positions": positions, "c": c, "v": v,
+           "gamma": gamma, "tokens_per_target_call": emitted / max(calls, 1),
+           "tokens_per_call_histogram": hist.tolist(),
+           "speedup_measured": float(t_plain.sum() / t_spec.sum()),
+           "plain_tokens_per_s": float(sum(int(r.lengths.sum()) for r in plain) / t_plain.sum()),
+           "spec_tokens_per_s": float(emitted / t_spec.sum()),
+           "identical_fraction": float(np.mean(same))}
+    out.update(analysis.predictions(alpha, gamma, c, v))
+    return out, plain, spec
+
+
+def _plots(output_dir: str, greedy: Dict, sweep: List[Dict]) -> List[str]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    paths = []
+    g, a = greedy["gamma"], greedy["alpha"]
+    hist = np.array(greedy["tokens_per_call_histogram"], float)
+    k = np.arange(1, g + 2)
+    geometric = np.where(k <= g, a ** (k - 1) * (1 - a), a ** g)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.bar(k - 0.2, hist / max(hist.sum(), 1), width=0.4, label="measured")
+    ax.bar(k + 0.2, geometric, width=0.4, label=f"i.i.d. prediction, alpha={a:.2f}")
+    ax.set_xlabel("tokens per target call")
+    ax.set_ylabel("fraction of target calls")
+    ax.set_title(f"Tokens per target call, greedy, gamma={g} (paper Fig. 4)")
+    paths.append(_save(fig, ax, os.path.join(output_dir, "tokens_per_call.png")))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    gs = [r["gamma"] for r in sweep]
+    ax.plot(gs, [r["speedup_measured"] for r in sweep], "o-", label="measured")
+    ax.plot(gs, [r["speedup_predicted"] for r in sweep], "s--", label="eq. (5), measured v")
+    ax.plot(gs, [r["speedup_predicted_paper"] for r in sweep], "^:", label="eq. (5), v = 1 (paper)")
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xticks(gs)
+    ax.set_xlabel("gamma")
+    ax.set_ylabel("walltime speedup over plain decoding")
+    ax.set_title(f"Speedup vs gamma, greedy, alpha={a:.2f} (paper Fig. 5)")
+    paths.append(_save(fig, ax, os.path.join(output_dir, "speedup_vs_gamma.png")))
+    return paths
+
+
+def _save(fig, ax, path: str) -> str:
+    import matplotlib.pyplot as plt
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _report(summary: Dict, examples: List[Dict]) -> str:
+    g, t1 = summary, summary["temperature_1"]
+    lines = ["# speculative_t5 demo", "",
+             f"Target {summary['target']}, draft {summary['draft']}, {summary['num_examples']} "
+             f"held-out inputs of the stdlib docstring task, batch 1, {summary['device']}.", "",
+             "| setting | alpha | tokens/target call | c | v | speedup measured | eq. (5), measured v | eq. (5), v = 1 | identical to plain |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, r in (("greedy", g), ("temperature 1", t1)):
+        ident = f"{g['greedy_identical_fraction']:.2f}" if name == "greedy" else "n/a (sampled)"
+        lines.append(f"| {name} | {r['alpha']:.3f} | {r['tokens_per_target_call']:.2f} | "
+                     f"{r['c']:.3f} | {r['v']:.2f} | {r['speedup_measured']:.2f} | "
+                     f"{r['speedup_predicted']:.2f} | {r['speedup_predicted_paper']:.2f} | {ident} |")
+    lines += ["", "## Speedup against gamma (greedy)", "",
+              "| gamma | tokens/call | v | measured | eq. (5), measured v | eq. (5), v = 1 |",
+              "|---|---|---|---|---|---|"]
+    for r in summary["gamma_sweep"]:
+        lines.append(f"| {r['gamma']} | {r['tokens_per_target_call']:.2f} | {r['v']:.2f} | "
+                     f"{r['speedup_measured']:.2f} | {r['speedup_predicted']:.2f} | "
+                     f"{r['speedup_predicted_paper']:.2f} |")
+    lines += ["", "![tokens per call](tokens_per_call.png) ![speedup vs gamma](speedup_vs_gamma.png)",
+              "", "## Examples (greedy)", ""]
+    for ex in examples:
+        lines += [f"```python\n{ex['input'][len('summarize: '):][:400]}\n```",
+                  f"- reference: {ex['reference']}", f"- plain: {ex['plain']}",
+                  f"- speculative: {ex['speculative']}", ""]
+    return "\n".join(lines)
+
+
+@gin.configurable(denylist=["quiet"])
+def demo(output_dir: str = "runs/demo_output", num_examples: int = 32, gamma: int = 4,
+         temperature: float = 1.0, gammas: Sequence[int] = (1, 2, 3, 4, 5, 6, 7),
+         sweep_examples: int = 16, max_decode_len: int = 32, input_len: int = 128,
+         target: Optional[str] = None, draft: Optional[str] = None, vocab: Optional[str] = None,
+         seed: int = 0, show: int = 3, quiet: bool = False) -> Dict:
+    """Run the demo; returns the summary also written to output_dir/summary.json."""
+    t_start = time.perf_counter()
+    if target or draft:
+        if not (target and draft and vocab):
+            raise ValueError("give --target, --draft and --vocab together (or none: the shipped pair)")
+        tm, dm, vocab_path = load_checkpoint(target, dtype="float32"), load_checkpoint(draft, dtype="float32"), vocab
+    else:
+        tm, dm, vocab_path = load_demo()
+    vocabulary = Vocabulary(vocab_path)
+    test = [e for e in build_corpus() if e["split"] == "test"][:num_examples]
+    if not test:
+        raise ValueError("num_examples must be >= 1")
+    inputs = tokenize([e["input"] for e in test], vocabulary, input_len)
+    os.makedirs(output_dir, exist_ok=True)
+    greedy_s, sampled_s = SamplingConfig(0.0), SamplingConfig(float(temperature))
+
+    # c and v on this device, batch 1 (interleaved medians of decoder-step timings)
+    ks = sorted(set(gammas) | {gamma})
+    timers = {"target_1": step_timer(tm, 1, 1, input_len), "draft_1": step_timer(dm, 1, 1, input_len)}
+    timers.update({f"target_{g + 1}": step_timer(tm, 1, g + 1, input_len) for g in ks})
+    steps = interleaved_medians(timers, rounds=20, warmup=2)
+    c = steps["draft_1"] / steps["target_1"]
+    v_of = {g: steps[f"target_{g + 1}"] / steps["target_1"] for g in ks}
+
+    compile_s = sum(_warm(tm, d, inputs, g, s, max_decode_len)
+                    for s in (greedy_s, sampled_s) for d, g in ((None, gamma), (dm, gamma)))
+    compile_s += sum(_warm(tm, dm, inputs, g, greedy_s, max_decode_len) for g in gammas if g != gamma)
+    n, m = len(inputs), min(sweep_examples, len(inputs))
+    total = 4 * n + sum(m for g in gammas) + m
+    with tqdm(total=total, desc="demo", unit="decode", disable=quiet) as bar:
+        greedy, plain, spec = _setting(tm, dm, inputs, gamma, greedy_s, max_decode_len, seed, bar,
+                                       c, v_of[gamma])
+        greedy_identical = greedy.pop("identical_fraction")
+        sampled, _, _ = _setting(tm, dm, inputs, gamma, sampled_s, max_decode_len, seed, bar,
+                                 c, v_of[gamma])
+        sampled.pop("identical_fraction")
+        _, t_plain = _decode_all(tm, None, inputs[:m], gamma, greedy_s, max_decode_len, seed, bar, "sweep")
+        sweep = []
+        for g in gammas:
+            res, t_spec = _decode_all(tm, dm, inputs[:m], g, greedy_s, max_decode_len, seed, bar, f"gamma={g}")
+            calls = sum(int(r.stats["target_calls"].sum()) for r in res)
+            row = {"gamma": g, "v": v_of[g], "speedup_measured": float(t_plain.sum() / t_spec.sum()),
+                   "tokens_per_target_call": sum(int(r.lengths.sum()) for r in res) / max(calls, 1)}
+            row.update(analysis.predictions(greedy["alpha"], g, c, v_of[g]))
+            sweep.append(row)
+
+    summary = dict(greedy, greedy_identical_fraction=greedy_identical, temperature_1=sampled,
+                   temperature=float(temperature), gamma_sweep=sweep,
+                   best_gamma_predicted=analysis.best_gamma(greedy["alpha"], c, v_of[gamma]),
+                   num_examples=n, max_decode_len=max_decode_len, compile_seconds=compile_s,
+                   target=f"{tm.num_params() / 1e6:.1f}M params ({tm.config.num_decoder_layers} decoder layers)",
+                   draft=f"{dm.num_params() / 1e6:.2f}M params ({dm.config.num_decoder_layers} decoder layer(s))",
+                   device=f"{jax.devices()[0].platform} ({os.cpu_count()} cores)",
+                   step_ms={k: 1e3 * v for k, v in steps.items()})
+    examples = [{"input": test[i]["input"], "reference": test[i]["target"],
+                 "plain": vocabulary.decode(plain[i].tokens[0]),
+                 "speculative": vocabulary.decode(spec[i].tokens[0])} for i in range(min(show, n))]
+    _plots(output_dir, greedy, sweep)
+    summary["seconds"] = time.perf_counter() - t_start
+    with open(os.path.join(output_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    with open(os.path.join(output_dir, "report.md"), "w") as f:
+        f.write(_report(summary, examples))
+    if not quiet:
+        _print(summary, examples, output_dir)
+    return summary
+
+
+def _print(s: Dict, examples: List[Dict], output_dir: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    console = Console()
+    table = Table(title="held-out inputs: plain vs speculative (greedy)", show_lines=True)
+    for col in ("function (docstring removed)", "plain decode", "speculative decode"):
+        table.add_column(col, overflow="fold")
+    for ex in examples:
+        src = ex["input"][len("summarize: "):]
+        table.add_row(src[:200] + ("..." if len(src) > 200 else ""), ex["plain"], ex["speculative"])
+    console.print(table)
+    t1 = s["temperature_1"]
+    console.print(
+        f"greedy: identical outputs {s['greedy_identical_fraction']:.0%}, alpha {s['alpha']:.3f}, "
+        f"{s['tokens_per_target_call']:.2f} tokens per target call, c {s['c']:.3f}, v {s['v']:.2f}\n"
+        f"        speedup measured {s['speedup_measured']:.2f}x, predicted {s['speedup_predicted']:.2f}x "
+        f"(eq. 5 with measured v), {s['speedup_predicted_paper']:.2f}x (paper, v = 1)\n"
+        f"T={s['temperature']:g}:  alpha {t1['alpha']:.3f}, {t1['tokens_per_target_call']:.2f} tokens per "
+        f"target call, speedup measured {t1['speedup_measured']:.2f}x, predicted "
+        f"{t1['speedup_predicted']:.2f}x / {t1['speedup_predicted_paper']:.2f}x\n"
+        f"wrote {output_dir}/summary.json, report.md, tokens_per_call.png, speedup_vs_gamma.png "
+        f"({s['seconds']:.0f} s, {s['compile_seconds']:.0f} s of it compiling)")
