@@ -15,6 +15,7 @@ the package's own `gin/` directory. Flags given explicitly win over gin bindings
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from typing import List, Optional, Sequence, Tuple
@@ -50,10 +51,17 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Seque
     gin.clear_config()
     for path in [gin_root(), os.getcwd(), *search_paths]:
         gin.add_config_file_search_path(path)
+    # gin first tries every include as a Python package resource and logs an error when it
+    # is not one, before finding it on the search path; that message is noise here.
+    quiet = logging.Filter()
+    quiet.filter = lambda record: not str(record.msg).startswith("Path not found")
+    logging.getLogger().addFilter(quiet)
     try:
         gin.parse_config_files_and_bindings(list(files), list(bindings), finalize_config=False)
     except (ValueError, KeyError, IOError, SyntaxError, TypeError) as e:
         raise SystemExit(f"error: bad gin configuration: {type(e).__name__}: {e}") from None
+    finally:
+        logging.getLogger().removeFilter(quiet)
 
 
 @gin.configurable

@@ -1,0 +1,59 @@
+"""The shipped pair and `speculative-t5 demo --num_examples 4`, end to end."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+import speculative_t5 as st
+from speculative_t5 import cli
+from speculative_t5.demo import DEMO_DIR
+
+KEYS = ("alpha", "c", "v", "gamma", "tokens_per_target_call", "speedup_measured",
+        "speedup_predicted", "speedup_predicted_paper")
+
+
+def test_shipped_pair_loads_and_is_small():
+    target, draft, vocab = st.load_demo()
+    assert target.config.vocab_size == draft.config.vocab_size
+    assert draft.num_params() * 5 < target.num_params()
+    assert not target.config.logits_via_embedding and target.config.is_gated  # T5.1.1
+    size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(DEMO_DIR) for f in fs)
+    assert size <= 40e6
+    assert st.data.Vocabulary(vocab).size <= target.config.vocab_size
+
+
+def test_shipped_target_matches_transformers():
+    import torch
+    from transformers import T5ForConditionalGeneration
+    from helpers import hf_logits
+    target, _, _ = st.load_demo()
+    ref = T5ForConditionalGeneration.from_pretrained(os.path.join(DEMO_DIR, "target"),
+                                                     dtype=torch.float32).eval()
+    rng = np.random.RandomState(0)
+    x = rng.randint(2, 500, (2, 20)).astype(np.int32)
+    y = rng.randint(2, 500, (2, 9)).astype(np.int32)
+    y[:, 0] = 0
+    np.testing.assert_allclose(np.asarray(st.forward(target, x, y)), hf_logits(ref, x, y),
+                               atol=1e-3, rtol=1e-4)
+
+
+def test_demo_command_end_to_end(tmp_path):
+    out = str(tmp_path / "demo")
+    assert cli.main(["demo", "--num_examples", "4", "--output_dir", out]) == 0
+    with open(os.path.join(out, "summary.json")) as f:
+        s = json.load(f)
+    for key in KEYS + ("greedy_identical_fraction",):
+        assert key in s, key
+    for key in KEYS:
+        assert key in s["temperature_1"], key
+    assert s["greedy_identical_fraction"] == 1.0
+    assert 0.0 <= s["alpha"] <= 1.0 and 0.0 < s["c"] < 1.0 and s["v"] > 0.5
+    assert 1.0 <= s["tokens_per_target_call"] <= s["gamma"] + 1
+    assert s["num_examples"] == 4 and len(s["gamma_sweep"]) >= 3
+    import matplotlib.image as mpimg
+    for name in ("tokens_per_call.png", "speedup_vs_gamma.png"):
+        img = mpimg.imread(os.path.join(out, name))
+        assert img.shape[0] > 100 and img.shape[1] > 100 and img.std() > 0
+    report = open(os.path.join(out, "report.md")).read()
+    assert "speedup" in report and "tokens_per_call.png" in report
