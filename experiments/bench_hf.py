@@ -10,6 +10,11 @@ CPU, greedy, same inputs, same maximum length. HF assisted generation runs only 
 Greedy tokens are compared example by example. Times are medians over `--repeats`
 interleaved passes over all examples, compile (ours) and first-call warm-up (theirs)
 excluded. Needs the test extras (torch, transformers).
+
+transformers 5.24 sizes its default decoder cache by the encoder's layer count, which fails
+(IndexError in cache update) for T5s whose decoder is deeper than the encoder, as the demo
+target's is (2 encoder, 5 decoder layers; the bug class of transformers PR #40277). We pass
+a fresh lazily-grown EncoderDecoderCache(DynamicCache(), DynamicCache()) to every call.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ import time
 import numpy as np
 import torch
 from transformers import T5ForConditionalGeneration
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 import speculative_t5 as st
 from speculative_t5.data import Vocabulary, tokenize
@@ -67,7 +73,8 @@ def main():
                 ids = torch.tensor(_trim(row)[None], dtype=torch.long)
                 kw = dict(assistant_model=hf_d) if assist else {}
                 out = hf_t.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=L,
-                                    do_sample=False, num_beams=1, **kw)
+                                    do_sample=False, num_beams=1, past_key_values=EncoderDecoderCache(
+                                        DynamicCache(), DynamicCache()), **kw)
                 outs.append(out[0, 1:].numpy())  # drop the decoder start token
         return outs
 

@@ -37,34 +37,52 @@ def load_demo(dtype: str = "float32") -> Tuple[Model, Model, str]:
             os.path.join(target_dir, "spiece.model"))
 
 
-def _decode_all(model, draft, inputs, gamma, sampling, max_len, seed, bar, key):
-    """Decode each input alone (batch 1); returns (outputs, seconds per example, stats)."""
-    outs, secs, stats = [], [], []
+def bucketed(inputs: np.ndarray, smallest: int = 32) -> List[np.ndarray]:
+    """Each row alone ([1, W]), cut to the next power of two >= its length (at least
+    `smallest`): the encoder then pays for the text, not for padding, while only a few
+    shapes are compiled (as a server batching by length buckets would)."""
+    out = []
+    for row in inputs:
+        n = max(int(np.sum(row != 0)), 1)
+        width = min(max(smallest, 1 << (n - 1).bit_length()), inputs.shape[1])
+        out.append(row[None, :width])
+    return out
+
+
+def _decode_all(model, variants: Dict[str, Tuple], inputs, sampling, max_len, seed, bar):
+    """Decode each input alone (batch 1) with every variant {name: (draft, gamma)}, the
+    variants interleaved per input so machine noise hits them alike.
+    Returns {name: (outputs, seconds per input)}."""
+    outs = {k: ([], []) for k in variants}
     for i in range(len(inputs)):
-        t0 = time.perf_counter()
-        res = generate(model, inputs[i:i + 1], draft=draft, gamma=gamma, max_decode_len=max_len,
-                       temperature=sampling.temperature, top_k=sampling.top_k,
-                       top_p=sampling.top_p, rng=jax.random.PRNGKey(seed * 100003 + i))
-        secs.append(time.perf_counter() - t0)
-        outs.append(res)
-        bar.update(1)
-        bar.set_postfix_str(key)
-    return outs, np.array(secs)
+        for name, (draft, gamma) in variants.items():
+            t0 = time.perf_counter()
+            res = generate(model, inputs[i], draft=draft, gamma=gamma, max_decode_len=max_len,
+                           temperature=sampling.temperature, top_k=sampling.top_k,
+                           top_p=sampling.top_p, rng=jax.random.PRNGKey(seed * 100003 + i))
+            outs[name][1].append(time.perf_counter() - t0)
+            outs[name][0].append(res)
+            bar.update(1)
+    return {k: (o, np.array(t)) for k, (o, t) in outs.items()}
 
 
 def _warm(model, draft, inputs, gamma, sampling, max_len) -> float:
+    """Compile (and run once) the program for every input shape; returns the seconds."""
     t0 = time.perf_counter()
-    generate(model, inputs[:1], draft=draft, gamma=gamma, max_decode_len=max_len,
-             temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
+    for x in {x.shape[1]: x for x in inputs}.values():
+        generate(model, x, draft=draft, gamma=gamma, max_decode_len=max_len,
+                 temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
     return time.perf_counter() - t0
 
 
-def _setting(target, draft, inputs, gamma, sampling, max_len, seed, bar, c, v) -> Dict:
-    """Plain vs speculative at one sampling setting, per-example batch-1 walltime."""
-    plain, t_plain = _decode_all(target, None, inputs, gamma, sampling, max_len, seed, bar, "plain")
-    spec, t_spec = _decode_all(target, draft, inputs, gamma, sampling, max_len, seed, bar, "spec")
+def _setting(target, draft, padded, inputs, gamma, sampling, max_len, seed, bar, c, v) -> Dict:
+    """Plain vs speculative at one sampling setting, per-example batch-1 walltime; alpha
+    along the plain (target-generated) outputs, all inputs at once (padded [N, S])."""
+    runs = _decode_all(target, {"plain": (None, gamma), "spec": (draft, gamma)}, inputs,
+                       sampling, max_len, seed, bar)
+    (plain, t_plain), (spec, t_spec) = runs["plain"], runs["spec"]
     tokens = np.concatenate([r.tokens for r in plain])
-    alpha, alpha_ci, positions = measure_alpha(target, draft, inputs, tokens, sampling)
+    alpha, alpha_ci, positions = measure_alpha(target, draft, padded, tokens, sampling)
     calls = sum(int(r.stats["target_calls"].sum()) for r in spec)
     emitted = sum(int(r.lengths.sum()) for r in spec)
     hist = np.sum([r.stats["tokens_per_call_hist"].sum(0) for r in spec], axis=0)
@@ -165,7 +183,8 @@ def demo(output_dir: str = "runs/demo_output", num_examples: int = 32, gamma: in
     test = [e for e in build_corpus() if e["split"] == "test"][:num_examples]
     if not test:
         raise ValueError("num_examples must be >= 1")
-    inputs = tokenize([e["input"] for e in test], vocabulary, input_len)
+    padded = tokenize([e["input"] for e in test], vocabulary, input_len)
+    inputs = bucketed(padded)
     os.makedirs(output_dir, exist_ok=True)
     greedy_s, sampled_s = SamplingConfig(0.0), SamplingConfig(float(temperature))
 
@@ -179,20 +198,23 @@ def demo(output_dir: str = "runs/demo_output", num_examples: int = 32, gamma: in
 
     compile_s = sum(_warm(tm, d, inputs, g, s, max_decode_len)
                     for s in (greedy_s, sampled_s) for d, g in ((None, gamma), (dm, gamma)))
-    compile_s += sum(_warm(tm, dm, inputs, g, greedy_s, max_decode_len) for g in gammas if g != gamma)
+    compile_s += sum(_warm(tm, dm, inputs[:sweep_examples], g, greedy_s, max_decode_len)
+                     for g in gammas if g != gamma)
     n, m = len(inputs), min(sweep_examples, len(inputs))
     total = 4 * n + sum(m for g in gammas) + m
     with tqdm(total=total, desc="demo", unit="decode", disable=quiet) as bar:
-        greedy, plain, spec = _setting(tm, dm, inputs, gamma, greedy_s, max_decode_len, seed, bar,
+        greedy, plain, spec = _setting(tm, dm, padded, inputs, gamma, greedy_s, max_decode_len, seed, bar,
                                        c, v_of[gamma])
         greedy_identical = greedy.pop("identical_fraction")
-        sampled, _, _ = _setting(tm, dm, inputs, gamma, sampled_s, max_decode_len, seed, bar,
+        sampled, _, _ = _setting(tm, dm, padded, inputs, gamma, sampled_s, max_decode_len, seed, bar,
                                  c, v_of[gamma])
         sampled.pop("identical_fraction")
-        _, t_plain = _decode_all(tm, None, inputs[:m], gamma, greedy_s, max_decode_len, seed, bar, "sweep")
+        variants = {"plain": (None, gamma), **{g: (dm, g) for g in gammas}}
+        runs = _decode_all(tm, variants, inputs[:m], greedy_s, max_decode_len, seed, bar)
+        t_plain = runs["plain"][1]
         sweep = []
         for g in gammas:
-            res, t_spec = _decode_all(tm, dm, inputs[:m], g, greedy_s, max_decode_len, seed, bar, f"gamma={g}")
+            res, t_spec = runs[g]
             calls = sum(int(r.stats["target_calls"].sum()) for r in res)
             row = {"gamma": g, "v": v_of[g], "speedup_measured": float(t_plain.sum() / t_spec.sum()),
                    "tokens_per_target_call": sum(int(r.lengths.sum()) for r in res) / max(calls, 1)}

@@ -57,3 +57,12 @@ def test_demo_command_end_to_end(tmp_path):
         assert img.shape[0] > 100 and img.shape[1] > 100 and img.std() > 0
     report = open(os.path.join(out, "report.md")).read()
     assert "speedup" in report and "tokens_per_call.png" in report
+
+
+def test_bucketed_widths():
+    from speculative_t5.demo import bucketed
+    x = np.zeros((4, 128), np.int32)
+    for row, n in enumerate([3, 33, 64, 128]):
+        x[row, :n] = 5
+    assert [b.shape for b in bucketed(x)] == [(1, 32), (1, 64), (1, 64), (1, 128)]
+    assert all((b[0] == x[i, :b.shape[1]]).all() for i, b in enumerate(bucketed(x)))
