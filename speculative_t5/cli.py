@@ -129,12 +129,30 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def enable_compile_cache() -> Optional[str]:
+    """Keep compiled programs on disk (JAX's persistent cache) so a second run of a command
+    skips compilation. $SPECULATIVE_T5_COMPILE_CACHE sets the directory; 'off' disables."""
+    path = os.environ.get("SPECULATIVE_T5_COMPILE_CACHE",
+                          os.path.join(os.path.expanduser("~"), ".cache", "speculative_t5", "jax"))
+    if path.lower() in ("", "0", "off", "none"):
+        return None
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        return None
+    import jax
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    return path
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     bindings, rest = split_gin_flags(argv)
     args = _parser().parse_args(rest)
     files = args.gin_file + args.sub_gin_file
     paths = [s for s in (args.gin_search_paths + "," + args.sub_gin_search_paths).split(",") if s]
+    enable_compile_cache()
     from speculative_t5 import demo, run_decode, training  # noqa: F401  (register gin configurables)
     parse_gin(files, bindings, paths)
     from speculative_t5.checkpoints import CheckpointError
