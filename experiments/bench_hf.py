@@ -31,7 +31,7 @@ from transformers import T5ForConditionalGeneration
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 import speculative_t5 as st
-from speculative_t5.data import Vocabulary, tokenize
+from speculative_t5.data import Vocabulary, pad_rows, tokenize
 from speculative_t5.data.demo_corpus import build_corpus
 from speculative_t5.demo import DEMO_DIR
 
@@ -82,8 +82,7 @@ def main():
         outs = []
         for i in range(0, n, batch):
             chunk = x[i:i + batch]
-            pad = np.concatenate([chunk, np.repeat(chunk[:1], batch - len(chunk), 0)])
-            res = st.generate(ours_t, pad, draft=draft, gamma=g, max_decode_len=L)
+            res = st.generate(ours_t, pad_rows(chunk, batch), draft=draft, gamma=g, max_decode_len=L)
             outs += [res.tokens[j, :res.lengths[j]] for j in range(len(chunk))]
         return outs
 

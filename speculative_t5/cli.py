@@ -153,22 +153,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     files = args.gin_file + args.sub_gin_file
     paths = [s for s in (args.gin_search_paths + "," + args.sub_gin_search_paths).split(",") if s]
     enable_compile_cache()
-    from speculative_t5 import demo, run_decode, training  # noqa: F401  (register gin configurables)
+    from speculative_t5 import demo, run_decode, training  # also registers their gin configurables
     parse_gin(files, bindings, paths)
     from speculative_t5.checkpoints import CheckpointError
     if args.command == "convert":
         fn, names = convert, ("source", "destination", "format", "dtype", "overwrite")
         required = "--from and --to (or gin bindings convert.source / convert.destination)"
     elif args.command == "demo":
-        from speculative_t5.demo import demo as fn
+        fn = demo.demo
         names = ("output_dir", "num_examples", "gamma", "temperature", "target", "draft", "vocab")
         required = ""
     elif args.command in ("train", "distill"):
-        from speculative_t5 import training
         fn, names = getattr(training, args.command), ("model_dir", "steps")
         required = "a --gin_file that sets the run (e.g. configs/demo_target.gin)"
     else:
-        from speculative_t5.run_decode import decode as fn
+        fn = run_decode.decode
         names = ("target", "draft", "input_file", "output", "vocab", "gamma", "temperature",
                  "top_k", "top_p", "lenience", "max_decode_len", "max_input_len", "batch_size",
                  "seed", "prefix", "dtype")

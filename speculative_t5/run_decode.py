@@ -13,7 +13,7 @@ import numpy as np
 from tqdm import tqdm
 
 from speculative_t5.checkpoints import load_checkpoint
-from speculative_t5.data import find_vocabulary, read_inputs
+from speculative_t5.data import find_vocabulary, pad_rows, read_inputs
 from speculative_t5.decoding import generate
 
 LENGTH_BUCKET = 16  # inputs are padded to a multiple of this, so few shapes are compiled
@@ -63,9 +63,10 @@ def decode(target: str = gin.REQUIRED, input_file: str = gin.REQUIRED,
         for start in range(0, len(todo), batch_size):
             idx = todo[start:start + batch_size]
             width = -(-max(len(encoded[i]) for i in idx) // LENGTH_BUCKET) * LENGTH_BUCKET
-            ids = np.zeros((batch_size, width), np.int32)
-            for row, i in enumerate(idx + [idx[0]] * (batch_size - len(idx))):  # fixed batch
+            ids = np.zeros((len(idx), width), np.int32)
+            for row, i in enumerate(idx):
                 ids[row, :len(encoded[i])] = encoded[i]
+            ids = pad_rows(ids, batch_size)  # a fixed batch: one compiled program
             t0 = time.perf_counter()
             res = generate(target_model, ids, draft=draft_model, gamma=gamma,
                            max_decode_len=max_decode_len, temperature=temperature, top_k=top_k,
@@ -80,7 +81,7 @@ def decode(target: str = gin.REQUIRED, input_file: str = gin.REQUIRED,
                          "draft_calls": int(s["draft_calls"][row]),
                          "tokens_per_call_hist": s["tokens_per_call_hist"][row].tolist(),
                          "accepted": int(s["accepted_at"][row].sum()),
-                         "proposed": int(s["drafts_proposed"][row])}
+                         "proposed": int(s["draft_calls"][row])}
                 record = {"index": i, "input": examples[i][0], "output": vocabulary.decode(tokens),
                           "tokens": tokens, "length": n, "stats": stats,
                           "batch_seconds": round(seconds, 4), "exact": bool(s["exact"])}

@@ -25,9 +25,9 @@ from tqdm import tqdm
 
 from speculative_t5.checkpoints import export_hf, load_checkpoint, save_checkpoint
 from speculative_t5.data.demo_corpus import write_corpus
-from speculative_t5.data.inputs import tokenize
+from speculative_t5.data.inputs import pad_rows, tokenize
 from speculative_t5.data.vocabulary import Vocabulary
-from speculative_t5.model.api import Model, init_model
+from speculative_t5.model.api import Model, cast_params, init_model
 from speculative_t5.model.config import T5Config
 from speculative_t5.model.t5 import T5
 
@@ -131,7 +131,6 @@ def fit(model_dir: str, model: Model, loss_fn: Callable, data: Dict[str, np.ndar
 
 def _write_outputs(model_dir: str, model: Model, vocab: Vocabulary, export_dtype: str):
     save_checkpoint(model, os.path.join(model_dir, "model"), overwrite=True)
-    from speculative_t5.model.api import cast_params
     hf = os.path.join(model_dir, "hf")
     shutil.rmtree(hf, ignore_errors=True)
     export_hf(cast_params(model, export_dtype), hf)
@@ -200,8 +199,8 @@ def teacher_outputs(teacher: Model, inputs: np.ndarray, length: int, batch_size:
     outs = []
     for i in range(0, len(inputs), batch_size):
         chunk = inputs[i:i + batch_size]
-        padded = np.concatenate([chunk, np.repeat(chunk[:1], batch_size - len(chunk), 0)])
-        outs.append(generate(teacher, padded, max_decode_len=length).tokens[:len(chunk)])
+        outs.append(generate(teacher, pad_rows(chunk, batch_size),
+                             max_decode_len=length).tokens[:len(chunk)])
     out = np.concatenate(outs).astype(np.int32)
     if cache:
         np.save(cache, out)

@@ -22,6 +22,12 @@ def read_inputs(path: str, prefix: str = "") -> List[Tuple[str, Optional[str]]]:
     return examples
 
 
+def pad_rows(rows: np.ndarray, batch_size: int) -> np.ndarray:
+    """rows [n <= batch_size, ...] filled up to a fixed batch with copies of the first row
+    (fixed shapes compile once; callers drop the copies' outputs)."""
+    return np.concatenate([rows, np.repeat(rows[:1], batch_size - len(rows), 0)])
+
+
 def tokenize(texts: Sequence[str], vocab, length: int) -> np.ndarray:
     """int32 [N, length]: ids with EOS, truncated (EOS kept last) and 0-padded."""
     out = np.zeros((len(texts), length), np.int32)

@@ -52,7 +52,7 @@ class GenerateOutput:
                "tokens_per_call_histogram": np.sum(s["tokens_per_call_hist"], 0).tolist(),
                "exact": bool(s["exact"]), "gamma": int(s["gamma"])}
         if s["gamma"]:
-            proposed = np.sum(s["drafts_proposed"])
+            proposed = np.sum(s["draft_calls"])  # every draft call proposes one token
             out["acceptance_rate"] = float(np.sum(s["accepted_at"]) / max(proposed, 1))
             reached = np.sum(s["reached_at"], 0)
             out["acceptance_rate_by_position"] = (
@@ -62,7 +62,7 @@ class GenerateOutput:
 
 def init_stats(batch: int, gamma: int) -> Dict[str, Array]:
     z = jnp.zeros((batch,), jnp.int32)
-    return {"target_calls": z, "draft_calls": z, "drafts_proposed": z,
+    return {"target_calls": z, "draft_calls": z,
             "tokens_per_call_hist": jnp.zeros((batch, gamma + 1), jnp.int32),
             "accepted_at": jnp.zeros((batch, gamma), jnp.int32),
             "reached_at": jnp.zeros((batch, gamma), jnp.int32)}
@@ -75,7 +75,6 @@ def record_call(stats: Dict[str, Array], active: Array, emitted: Array, gamma: i
     hist = jax.nn.one_hot(emitted - 1, gamma + 1, dtype=jnp.int32) * a[:, None]
     new = dict(stats, target_calls=stats["target_calls"] + a,
                draft_calls=stats["draft_calls"] + a * gamma,
-               drafts_proposed=stats["drafts_proposed"] + a * gamma,
                tokens_per_call_hist=stats["tokens_per_call_hist"] + hist)
     if accepted is not None:
         new["accepted_at"] = stats["accepted_at"] + accepted.astype(jnp.int32) * a[:, None]
