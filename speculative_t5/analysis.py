@@ -3,7 +3,7 @@ expected walltime improvement, eq. (5), as written (v = 1) and with a measured v
 cost v; the arithmetic-operations factor of Theorem 3.11; and the best gamma."""
 from __future__ import annotations
 
-from typing import Dict, Sequence
+from typing import Dict
 
 
 def expected_tokens_per_call(alpha: float, gamma: int) -> float:
@@ -41,3 +41,13 @@ def predictions(alpha: float, gamma: int, c: float, v: float) -> Dict[str, float
     return {"tokens_per_call_predicted": expected_tokens_per_call(alpha, gamma),
             "speedup_predicted": walltime_improvement(alpha, gamma, c, v),
             "speedup_predicted_paper": walltime_improvement(alpha, gamma, c, 1.0)}
+
+
+def decode_macs_per_token(config) -> int:
+    """Multiply-accumulates of one decoder position with cross-attention K/V cached:
+    self-attention q/k/v/o, cross-attention q/o, the MLP and the output layer (attention
+    over the cache itself is left out: it is small at these lengths). The ratio of two
+    models' values is the c_hat of Theorem 3.11."""
+    e, hd = config.emb_dim, config.num_heads * config.head_dim
+    layer = 6 * e * hd + (len(config.mlp_activations) + 1) * e * config.mlp_dim
+    return config.num_decoder_layers * layer + e * config.vocab_size

@@ -6,6 +6,10 @@
       [--vocab spiece.model] [--gamma 4] [--temperature 0] [--top_k 0] [--top_p 1] ...
   speculative-t5 train --gin_file=configs/demo_target.gin [--gin.train.steps=100]
   speculative-t5 distill --gin_file=configs/demo_draft.gin
+  speculative-t5 walltime_table --cell configs/paper/ende_t5_small_t0.gin [--cell ...]
+      --output_dir runs/table2 [--gin.TARGET_CHECKPOINT="'gs://...'"]
+  speculative-t5 alpha_table --cell ... --output_dir runs/table3
+  speculative-t5 gamma_sweep --cell ... --output_dir runs/figure5
   Any command also takes [--gin_file=F ...] [--gin.decode.gamma=7] [--gin_search_paths=a,b].
 
 Gin: `--gin_file` may repeat; `--gin.NAME=VALUE` becomes the binding `NAME = VALUE`;
@@ -15,53 +19,13 @@ the package's own `gin/` directory. Flags given explicitly win over gin bindings
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional, Sequence
 
 import gin
 
-
-def gin_root() -> str:
-    """The directory holding the reusable gin blocks (`models/t5_1_1/base.gin`, ...)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    for candidate in (os.path.join(here, "gin"), os.path.join(os.path.dirname(here), "gin")):
-        if os.path.isdir(os.path.join(candidate, "models")):
-            return candidate
-    raise FileNotFoundError("speculative_t5's gin/ directory is missing from this installation")
-
-
-def split_gin_flags(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
-    """Separate `--gin.NAME=VALUE` flags (returned as gin bindings) from the rest."""
-    bindings, rest = [], []
-    for arg in argv:
-        if arg.startswith("--gin."):
-            name, eq, value = arg[len("--gin."):].partition("=")
-            if not eq or not name:
-                raise SystemExit(f"error: {arg!r} must look like --gin.NAME=VALUE")
-            bindings.append(f"{name} = {value}")
-        else:
-            rest.append(arg)
-    return bindings, rest
-
-
-def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Sequence[str]) -> None:
-    """Apply gin files and bindings; a bad file or binding exits with a message naming it."""
-    gin.clear_config()
-    for path in [gin_root(), os.getcwd(), *search_paths]:
-        gin.add_config_file_search_path(path)
-    # gin first tries every include as a Python package resource and logs an error when it
-    # is not one, before finding it on the search path; that message is noise here.
-    quiet = logging.Filter()
-    quiet.filter = lambda record: not str(record.msg).startswith("Path not found")
-    logging.getLogger().addFilter(quiet)
-    try:
-        gin.parse_config_files_and_bindings(list(files), list(bindings), finalize_config=False)
-    except (ValueError, KeyError, IOError, SyntaxError, TypeError) as e:
-        raise SystemExit(f"error: bad gin configuration: {type(e).__name__}: {e}") from None
-    finally:
-        logging.getLogger().removeFilter(quiet)
+from speculative_t5.ginconfig import gin_root, parse_gin, split_gin_flags  # noqa: F401 (public)
 
 
 @gin.configurable
@@ -123,7 +87,17 @@ def _parser() -> argparse.ArgumentParser:
         t.add_argument("--model_dir", help="where checkpoints and the final model go")
         t.add_argument("--steps", type=int)
         trainers.append(t)
-    for sp in (c, d, m, *trainers):  # gin flags are accepted after the subcommand too
+    drivers = []
+    for name, text in (("alpha_table", "paper Table 3: alpha per pair x task x temperature"),
+                       ("walltime_table", "paper Table 2: walltime of plain vs speculative decoding"),
+                       ("gamma_sweep", "paper Figure 5: speedup and operations against gamma")):
+        t = sub.add_parser(name, help=text)
+        t.add_argument("--cell", action="append", default=[],
+                       help="a cell's gin config, e.g. configs/paper/ende_t5_small_t0.gin (repeatable)")
+        t.add_argument("--output_dir", required=True, help="the run directory (resumable)")
+        t.add_argument("--quiet", action="store_true")
+        drivers.append(t)
+    for sp in (c, d, m, *trainers, *drivers):  # gin flags are accepted after the subcommand too
         sp.add_argument("--gin_file", action="append", dest="sub_gin_file", default=[])
         sp.add_argument("--gin_search_paths", dest="sub_gin_search_paths", default="")
     return p
@@ -153,9 +127,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     files = args.gin_file + args.sub_gin_file
     paths = [s for s in (args.gin_search_paths + "," + args.sub_gin_search_paths).split(",") if s]
     enable_compile_cache()
-    from speculative_t5 import demo, run_decode, training  # also registers their gin configurables
+    from speculative_t5 import demo, paper, run_decode, training  # registers gin configurables
     parse_gin(files, bindings, paths)
     from speculative_t5.checkpoints import CheckpointError
+    if args.command in paper.DRIVERS:
+        try:
+            paper.run(args.command, args.cell, args.output_dir, files, bindings, paths, args.quiet)
+        except (CheckpointError, ValueError, FileNotFoundError) as e:
+            raise SystemExit(f"error: {e}") from None
+        return 0
     if args.command == "convert":
         fn, names = convert, ("source", "destination", "format", "dtype", "overwrite")
         required = "--from and --to (or gin bindings convert.source / convert.destination)"

@@ -15,15 +15,15 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from speculative_t5 import analysis
+from speculative_t5 import analysis, plots
 from speculative_t5.alpha import measure_alpha
 from speculative_t5.checkpoints import load_checkpoint
-from speculative_t5.data import Vocabulary, tokenize
+from speculative_t5.data import Vocabulary, bucket, tokenize
 from speculative_t5.data.demo_corpus import build_corpus
 from speculative_t5.decoding import generate
 from speculative_t5.decoding.sampling import SamplingConfig
 from speculative_t5.model.api import Model
-from speculative_t5.timing import interleaved_medians, step_timer
+from speculative_t5.timing import interleaved_medians, step_timer, timed_decodes
 
 DEMO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo_models")
 
@@ -37,32 +37,23 @@ def load_demo(dtype: str = "float32") -> Tuple[Model, Model, str]:
             os.path.join(target_dir, "spiece.model"))
 
 
-def bucketed(inputs: np.ndarray, smallest: int = 32) -> List[np.ndarray]:
-    """Each row alone ([1, W]), cut to the next power of two >= its length (at least
-    `smallest`): the encoder then pays for the text, not for padding, while only a few
-    shapes are compiled (as a server batching by length buckets would)."""
-    out = []
-    for row in inputs:
-        n = max(int(np.sum(row != 0)), 1)
-        width = min(max(smallest, 1 << (n - 1).bit_length()), inputs.shape[1])
-        out.append(row[None, :width])
-    return out
+def bucketed(inputs: np.ndarray) -> List[np.ndarray]:
+    """Each row of inputs [N, S] alone, padded to its length bucket ([1, W] each)."""
+    return [bucket(row[row != 0]) for row in inputs]
 
 
 def _decode_all(model, variants: Dict[str, Tuple], inputs, sampling, max_len, seed, bar):
     """Decode each input alone (batch 1) with every variant {name: (draft, gamma)}, the
-    variants interleaved per input so machine noise hits them alike.
-    Returns {name: (outputs, seconds per input)}."""
+    variants interleaved per input. Returns {name: (outputs, seconds per input)}."""
+    kwargs = {k: {"draft": d, "gamma": g} for k, (d, g) in variants.items()}
     outs = {k: ([], []) for k in variants}
     for i in range(len(inputs)):
-        for name, (draft, gamma) in variants.items():
-            t0 = time.perf_counter()
-            res = generate(model, inputs[i], draft=draft, gamma=gamma, max_decode_len=max_len,
-                           temperature=sampling.temperature, top_k=sampling.top_k,
-                           top_p=sampling.top_p, rng=jax.random.PRNGKey(seed * 100003 + i))
-            outs[name][1].append(time.perf_counter() - t0)
+        runs = timed_decodes(model, kwargs, inputs[i], sampling, max_len,
+                             jax.random.PRNGKey(seed * 100003 + i))
+        for name, (res, seconds) in runs.items():
             outs[name][0].append(res)
-            bar.update(1)
+            outs[name][1].append(seconds)
+        bar.update(len(runs))
     return {k: (o, np.array(t)) for k, (o, t) in outs.items()}
 
 
@@ -99,42 +90,12 @@ def _setting(target, draft, padded, inputs, gamma, sampling, max_len, seed, bar,
 
 
 def _plots(output_dir: str, greedy: Dict, sweep: List[Dict]) -> List[str]:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    paths = []
-    g, a = greedy["gamma"], greedy["alpha"]
-    hist = np.array(greedy["tokens_per_call_histogram"], float)
-    k = np.arange(1, g + 2)
-    geometric = np.where(k <= g, a ** (k - 1) * (1 - a), a ** g)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.bar(k - 0.2, hist / max(hist.sum(), 1), width=0.4, label="measured")
-    ax.bar(k + 0.2, geometric, width=0.4, label=f"i.i.d. prediction, alpha={a:.2f}")
-    ax.set_xlabel("tokens per target call")
-    ax.set_ylabel("fraction of target calls")
-    ax.set_title(f"Tokens per target call, greedy, gamma={g} (paper Fig. 4)")
-    paths.append(_save(fig, ax, os.path.join(output_dir, "tokens_per_call.png")))
-    fig, ax = plt.subplots(figsize=(6, 4))
-    gs = [r["gamma"] for r in sweep]
-    ax.plot(gs, [r["speedup_measured"] for r in sweep], "o-", label="measured")
-    ax.plot(gs, [r["speedup_predicted"] for r in sweep], "s--", label="eq. (5), measured v")
-    ax.plot(gs, [r["speedup_predicted_paper"] for r in sweep], "^:", label="eq. (5), v = 1 (paper)")
-    ax.axhline(1.0, color="gray", lw=0.8)
-    ax.set_xticks(gs)
-    ax.set_xlabel("gamma")
-    ax.set_ylabel("walltime speedup over plain decoding")
-    ax.set_title(f"Speedup vs gamma, greedy, alpha={a:.2f} (paper Fig. 5)")
-    paths.append(_save(fig, ax, os.path.join(output_dir, "speedup_vs_gamma.png")))
-    return paths
-
-
-def _save(fig, ax, path: str) -> str:
-    import matplotlib.pyplot as plt
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    a = greedy["alpha"]
+    return [plots.tokens_per_call(os.path.join(output_dir, "tokens_per_call.png"),
+                                  greedy["tokens_per_call_histogram"], a, greedy["gamma"],
+                                  f"Tokens per target call, greedy, gamma={greedy['gamma']} (paper Fig. 4)"),
+            plots.speedup_vs_gamma(os.path.join(output_dir, "speedup_vs_gamma.png"), sweep,
+                                   f"Speedup vs gamma, greedy, alpha={a:.2f} (paper Fig. 5)")]
 
 
 def _report(summary: Dict, examples: List[Dict]) -> str:

@@ -15,21 +15,9 @@ from tqdm import tqdm
 from speculative_t5.checkpoints import load_checkpoint
 from speculative_t5.data import find_vocabulary, pad_rows, read_inputs
 from speculative_t5.decoding import generate
+from speculative_t5.rundir import JsonlLog
 
 LENGTH_BUCKET = 16  # inputs are padded to a multiple of this, so few shapes are compiled
-
-
-def _done_indices(path: str) -> set:
-    done = set()
-    if os.path.exists(path):
-        with open(path) as f:
-            for lineno, line in enumerate(f, 1):
-                try:
-                    done.add(json.loads(line)["index"])
-                except (ValueError, KeyError):
-                    raise ValueError(f"{path}:{lineno}: not a decode record; move the file "
-                                     "away or choose another --output") from None
-    return done
 
 
 @gin.configurable(denylist=["quiet"])
@@ -52,49 +40,48 @@ def decode(target: str = gin.REQUIRED, input_file: str = gin.REQUIRED,
         if len(ids) > max_input_len:
             raise ValueError(f"{input_file}:{i + 1}: input has {len(ids)} tokens, longer than "
                              f"max_input_len {max_input_len}")
-    done = _done_indices(output)
-    todo = [i for i in range(len(examples)) if i not in done]
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    log = JsonlLog(output, key="index")  # resumable: indices already there are skipped
+    done = log.done
+    todo = [i for i in range(len(examples)) if i not in done]
     rng = jax.random.PRNGKey(seed)
     totals = {"tokens": 0, "target_calls": 0, "draft_calls": 0, "seconds": 0.0, "accepted": 0,
               "proposed": 0}
     bar = tqdm(total=len(todo), desc="decode", unit="ex", disable=quiet)
-    with open(output, "a") as out:
-        for start in range(0, len(todo), batch_size):
-            idx = todo[start:start + batch_size]
-            width = -(-max(len(encoded[i]) for i in idx) // LENGTH_BUCKET) * LENGTH_BUCKET
-            ids = np.zeros((len(idx), width), np.int32)
-            for row, i in enumerate(idx):
-                ids[row, :len(encoded[i])] = encoded[i]
-            ids = pad_rows(ids, batch_size)  # a fixed batch: one compiled program
-            t0 = time.perf_counter()
-            res = generate(target_model, ids, draft=draft_model, gamma=gamma,
-                           max_decode_len=max_decode_len, temperature=temperature, top_k=top_k,
-                           top_p=top_p, lenience=lenience,
-                           rng=jax.random.fold_in(rng, idx[0]))
-            seconds = time.perf_counter() - t0
-            s = res.stats
-            for row, i in enumerate(idx):
-                n = int(res.lengths[row])
-                tokens = res.tokens[row, :n].tolist()
-                stats = {"target_calls": int(s["target_calls"][row]),
-                         "draft_calls": int(s["draft_calls"][row]),
-                         "tokens_per_call_hist": s["tokens_per_call_hist"][row].tolist(),
-                         "accepted": int(s["accepted_at"][row].sum()),
-                         "proposed": int(s["draft_calls"][row])}
-                record = {"index": i, "input": examples[i][0], "output": vocabulary.decode(tokens),
-                          "tokens": tokens, "length": n, "stats": stats,
-                          "batch_seconds": round(seconds, 4), "exact": bool(s["exact"])}
-                if examples[i][1] is not None:
-                    record["reference"] = examples[i][1]
-                out.write(json.dumps(record) + "\n")
-                totals["tokens"] += n
-                for k in ("target_calls", "draft_calls", "accepted", "proposed"):
-                    totals[k] += stats[k]
-            out.flush()
-            totals["seconds"] += seconds
-            bar.update(len(idx))
-            bar.set_postfix(tok_s=f"{totals['tokens'] / max(totals['seconds'], 1e-9):.1f}")
+    for start in range(0, len(todo), batch_size):
+        idx = todo[start:start + batch_size]
+        width = -(-max(len(encoded[i]) for i in idx) // LENGTH_BUCKET) * LENGTH_BUCKET
+        ids = np.zeros((len(idx), width), np.int32)
+        for row, i in enumerate(idx):
+            ids[row, :len(encoded[i])] = encoded[i]
+        ids = pad_rows(ids, batch_size)  # a fixed batch: one compiled program
+        t0 = time.perf_counter()
+        res = generate(target_model, ids, draft=draft_model, gamma=gamma,
+                       max_decode_len=max_decode_len, temperature=temperature, top_k=top_k,
+                       top_p=top_p, lenience=lenience,
+                       rng=jax.random.fold_in(rng, idx[0]))
+        seconds = time.perf_counter() - t0
+        s = res.stats
+        for row, i in enumerate(idx):
+            n = int(res.lengths[row])
+            tokens = res.tokens[row, :n].tolist()
+            stats = {"target_calls": int(s["target_calls"][row]),
+                     "draft_calls": int(s["draft_calls"][row]),
+                     "tokens_per_call_hist": s["tokens_per_call_hist"][row].tolist(),
+                     "accepted": int(s["accepted_at"][row].sum()),
+                     "proposed": int(s["draft_calls"][row])}
+            record = {"index": i, "input": examples[i][0], "output": vocabulary.decode(tokens),
+                      "tokens": tokens, "length": n, "stats": stats,
+                      "batch_seconds": round(seconds, 4), "exact": bool(s["exact"])}
+            if examples[i][1] is not None:
+                record["reference"] = examples[i][1]
+            log.append(record)
+            totals["tokens"] += n
+            for k in ("target_calls", "draft_calls", "accepted", "proposed"):
+                totals[k] += stats[k]
+        totals["seconds"] += seconds
+        bar.update(len(idx))
+        bar.set_postfix(tok_s=f"{totals['tokens'] / max(totals['seconds'], 1e-9):.1f}")
     bar.close()
     summary = dict(totals, examples=len(todo), skipped=len(done),
                    tokens_per_target_call=totals["tokens"] / max(totals["target_calls"], 1),

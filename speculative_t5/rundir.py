@@ -12,19 +12,20 @@ import platform
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 
-class RunDir:
-    def __init__(self, path: str, name: str = "examples"):
-        self.path = path
-        os.makedirs(path, exist_ok=True)
-        self.jsonl = os.path.join(path, f"{name}.jsonl")
+class JsonlLog:
+    """An append-only JSONL file of records keyed by `key`, safe to resume: each append is
+    flushed and fsynced; on opening, a torn last line (a kill mid-write) is dropped so it
+    is redone, while a corrupt line elsewhere, a missing key or a duplicate is an error."""
+
+    def __init__(self, path: str, key: str = "id"):
+        self.path, self.key = path, key
         self._ids = set()
         self._repair_and_load()
 
     def _repair_and_load(self) -> None:
-        """Read the ids done; a torn last line (a kill mid-write) is dropped so it is redone."""
-        if not os.path.exists(self.jsonl):
+        if not os.path.exists(self.path):
             return
-        with open(self.jsonl, "rb") as f:
+        with open(self.path, "rb") as f:
             data = f.read()
         lines = [line for line in data.split(b"\n") if line.strip()]
         good = []
@@ -34,43 +35,65 @@ class RunDir:
             except ValueError:
                 if i == len(lines) - 1:
                     break
-                raise ValueError(f"{self.jsonl}: corrupt record {i + 1} in the middle of the "
+                raise ValueError(f"{self.path}: corrupt record {i + 1} in the middle of the "
                                  "file; refusing to guess what is done") from None
-            if "id" not in rec or rec["id"] in self._ids:
-                raise ValueError(f"{self.jsonl}: record {i + 1} has no id or a duplicate id")
-            self._ids.add(rec["id"])
+            if not isinstance(rec, dict) or self.key not in rec or rec[self.key] in self._ids:
+                raise ValueError(f"{self.path}: record {i + 1} has no {self.key!r} or a "
+                                 f"duplicate one; move the file away or choose another")
+            self._ids.add(rec[self.key])
             good.append(line)
         repaired = b"".join(line + b"\n" for line in good)
         if repaired != data:
-            with open(self.jsonl, "wb") as f:
+            with open(self.path, "wb") as f:
                 f.write(repaired)
 
     @property
     def done(self) -> set:
         return set(self._ids)
 
+    def __contains__(self, key) -> bool:
+        return key in self._ids
+
     def append(self, record: Dict[str, Any]) -> None:
-        if "id" not in record:
-            raise ValueError("every record needs an 'id'")
-        if record["id"] in self._ids:
-            raise ValueError(f"record id {record['id']!r} is already in {self.jsonl}")
-        with open(self.jsonl, "a") as f:
+        if self.key not in record:
+            raise ValueError(f"every record needs an {self.key!r}")
+        if record[self.key] in self._ids:
+            raise ValueError(f"record {self.key} {record[self.key]!r} is already in {self.path}")
+        with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
             f.flush()
             os.fsync(f.fileno())
-        self._ids.add(record["id"])
+        self._ids.add(record[self.key])
 
     def records(self) -> List[Dict[str, Any]]:
-        if not os.path.exists(self.jsonl):
+        if not os.path.exists(self.path):
             return []
-        with open(self.jsonl) as f:
+        with open(self.path) as f:
             return [json.loads(line) for line in f if line.strip()]
+
+
+class RunDir:
+    def __init__(self, path: str, name: str = "examples"):
+        self.path = path
+        os.makedirs(path, exist_ok=True)
+        self.log = JsonlLog(os.path.join(path, f"{name}.jsonl"))
+        self.jsonl = self.log.path
+
+    @property
+    def done(self) -> set:
+        return self.log.done
+
+    def append(self, record: Dict[str, Any]) -> None:
+        self.log.append(record)
+
+    def records(self) -> List[Dict[str, Any]]:
+        return self.log.records()
 
     def run(self, items: Iterable[Tuple[Any, Any]], fn: Callable[[Any], Dict[str, Any]],
             progress: Optional[Callable[[int], None]] = None) -> List[Dict[str, Any]]:
         """fn(item) -> record for every (id, item) not yet done; returns all records."""
         for item_id, item in items:
-            if item_id in self._ids:
+            if item_id in self.log:
                 continue
             self.append({"id": item_id, **fn(item)})
             if progress:

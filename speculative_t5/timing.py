@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from speculative_t5.decoding import generate
 from speculative_t5.model.api import Model, decode, init_cache
 
 
@@ -49,3 +50,18 @@ def step_timer(model: Model, batch: int, K: int, input_len: int = 32, max_len: i
         logits, state["cache"] = _step(model, state["cache"], tokens, positions)
         return logits
     return run
+
+
+def timed_decodes(model: Model, variants: Dict[str, Dict[str, Any]], input_ids, sampling,
+                  max_decode_len: int, rng) -> Dict[str, Tuple[Any, float]]:
+    """Decode one input with every variant {name: generate kwargs (draft, gamma,
+    recompute_cross_attention)} back to back, so machine noise hits them alike.
+    Returns {name: (GenerateOutput, seconds)}; the caller warms the programs first."""
+    out = {}
+    for name, kwargs in variants.items():
+        t0 = time.perf_counter()
+        res = generate(model, input_ids, max_decode_len=max_decode_len,
+                       temperature=sampling.temperature, top_k=sampling.top_k,
+                       top_p=sampling.top_p, rng=rng, **kwargs)
+        out[name] = (res, time.perf_counter() - t0)
+    return out

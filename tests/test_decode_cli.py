@@ -62,8 +62,9 @@ def test_decode_resumes_without_duplicates(setup):
             "--max_decode_len", "8", "--batch_size", "2", "--temperature", "1.0"]
     assert cli.main(args) == 0
     full = _read(out)
-    with open(out, "w") as f:  # as if the run was killed after the first two records
+    with open(out, "w") as f:  # as if killed while writing the third record
         f.writelines(json.dumps(r) + "\n" for r in full[:2])
+        f.write(json.dumps(full[2])[:15])
     assert cli.main(args) == 0
     again = _read(out)
     assert sorted(r["index"] for r in again) == list(range(setup["n"]))

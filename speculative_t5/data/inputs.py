@@ -36,3 +36,13 @@ def tokenize(texts: Sequence[str], vocab, length: int) -> np.ndarray:
         ids = ids[:length - 1] + [vocab.eos_id] if len(ids) > length else ids
         out[i, :len(ids)] = ids
     return out
+
+
+def bucket(ids: Sequence[int], smallest: int = 32) -> np.ndarray:
+    """int32 [1, W]: one input padded to the next power of two >= its length (>= smallest),
+    so batch-1 decoding pays for the text, not for padding, while only a few shapes are
+    compiled (as a server batching by length buckets would)."""
+    n = max(len(ids), 1)
+    out = np.zeros((1, max(smallest, 1 << (n - 1).bit_length())), np.int32)
+    out[0, :len(ids)] = ids
+    return out

@@ -7,17 +7,35 @@ from typing import List, Optional, Sequence
 VOCAB_FILES = ("spiece.model", "sentencepiece.model", "vocab.model")
 
 
+def _read_bytes(path: str) -> bytes:
+    """A local file, or a remote one (gs://..., as T5's public vocabulary is) through
+    TensorFlow's filesystem layer (the `data` extra)."""
+    if "://" in path:
+        try:
+            import tensorflow as tf
+        except ImportError:
+            raise ImportError(f"reading {path} needs TensorFlow: pip install "
+                              "'speculative_t5[data]'") from None
+        if not tf.io.gfile.exists(path):
+            raise FileNotFoundError(f"SentencePiece model {path} does not exist")
+        with tf.io.gfile.GFile(path, "rb") as f:
+            return f.read()
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"SentencePiece model {path} does not exist")
+    with open(path, "rb") as f:
+        return f.read()
+
+
 class Vocabulary:
     """Encode text to ids (EOS appended, as T5 inputs carry it) and decode ids to text."""
 
     def __init__(self, path: str):
         import sentencepiece as spm
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"SentencePiece model {path} does not exist")
         self.path = path
         self.sp = spm.SentencePieceProcessor()
+        proto = _read_bytes(path)
         try:
-            self.sp.Load(path)
+            self.sp.LoadFromSerializedProto(proto)
         except (OSError, RuntimeError) as e:
             raise ValueError(f"{path}: not a SentencePiece model ({e})") from None
         self.eos_id = self.sp.eos_id()

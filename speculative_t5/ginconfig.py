@@ -1,0 +1,64 @@
+"""Gin the T5X way: the package's reusable blocks (`gin/`) on the search path, repeatable
+`--gin_file`, `--gin.NAME=VALUE` bindings, `--gin_search_paths`; a bad file or binding is a
+message that names it."""
+from __future__ import annotations
+
+import os
+from typing import List, Sequence, Tuple
+
+import gin
+
+
+def gin_root() -> str:
+    """The directory holding the reusable gin blocks (`models/t5_1_1/base.gin`, ...)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for candidate in (os.path.join(here, "gin"), os.path.join(os.path.dirname(here), "gin")):
+        if os.path.isdir(os.path.join(candidate, "models")):
+            return candidate
+    raise FileNotFoundError("speculative_t5's gin/ directory is missing from this installation")
+
+
+def split_gin_flags(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
+    """Separate `--gin.NAME=VALUE` flags (returned as gin bindings) from the rest."""
+    bindings, rest = [], []
+    for arg in argv:
+        if arg.startswith("--gin."):
+            name, eq, value = arg[len("--gin."):].partition("=")
+            if not eq or not name:
+                raise SystemExit(f"error: {arg!r} must look like --gin.NAME=VALUE")
+            bindings.append(f"{name} = {value}")
+        else:
+            rest.append(arg)
+    return bindings, rest
+
+
+def _resource_exists(path: str) -> bool:
+    from gin import resource_reader
+    try:
+        return os.path.isfile(resource_reader._parse_config_path(path))
+    except Exception:  # no such package, or a plain directory of that name (TypeError)
+        return False
+
+
+def _safe_package_includes() -> None:
+    """gin also reads an include such as 'runs/paper.gin' as a file inside a Python package
+    named 'runs'. Its check logs an error for every miss and raises TypeError when a plain
+    directory of that name sits in the working directory; ours answers False instead."""
+    from gin import config as gin_config, resource_reader
+    gin_config._FILE_READERS[:] = [
+        (reader, _resource_exists if exists is resource_reader.system_path_file_exists else exists)
+        for reader, exists in gin_config._FILE_READERS]
+
+
+def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Sequence[str]) -> None:
+    """Apply gin files and bindings; a bad file or binding exits with a message naming it."""
+    from gin import config as gin_config
+    _safe_package_includes()
+    gin.clear_config()
+    for path in [gin_root(), os.getcwd(), *search_paths]:
+        if path not in gin_config._LOCATION_PREFIXES:
+            gin.add_config_file_search_path(path)
+    try:
+        gin.parse_config_files_and_bindings(list(files), list(bindings), finalize_config=False)
+    except (ValueError, KeyError, IOError, SyntaxError, TypeError) as e:
+        raise SystemExit(f"error: bad gin configuration: {type(e).__name__}: {e}") from None

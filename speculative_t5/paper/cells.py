@@ -1,0 +1,175 @@
+"""A table cell of the paper's experiments: one target/draft pair on one task at one
+sampling setting, read from a gin config (`configs/paper/*.gin`), with its examples.
+
+A cell config includes `runs/paper.gin` (binds `paper_cell` to macros), a task block
+(`tasks/wmt_ende.gin`, ...) and a decoding block (`decoding/speculative_greedy.gin`, ...),
+and sets TARGET_CHECKPOINT, DRAFT_CHECKPOINT and GAMMA. Examples come from a seqio task
+(`task_examples`), a text/TSV file (`file_examples`) or the demo corpus (`demo_examples`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import gin
+
+from speculative_t5.data import Vocabulary, read_inputs
+
+Example = Dict[str, Any]  # {id, inputs: [int] (EOS-terminated), input_text, reference}
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    name: str
+    task: str
+    target: str                   # checkpoint paths (HF, T5X or native; gs:// works)
+    draft: str
+    draft_name: str               # the label in tables ('T5-small')
+    vocabulary: str
+    examples: Tuple[Example, ...]
+    temperature: float
+    top_k: int
+    top_p: float
+    gamma: int
+    max_decode_len: int
+    dtype: Optional[str]
+    metric: Optional[str]         # 'bleu', 'rouge' or None (no references)
+    seed: int
+    paper: Dict[str, Optional[float]]  # the paper's own alpha / speedup for this cell
+
+    def load_models(self):
+        """(target, draft, vocabulary), checked to fit together."""
+        from speculative_t5.checkpoints import load_checkpoint
+        target = load_checkpoint(self.target, dtype=self.dtype)
+        draft = load_checkpoint(self.draft, dtype=self.dtype)
+        vocab = Vocabulary(self.vocabulary)
+        if draft.config.vocab_size != target.config.vocab_size:
+            raise ValueError(f"cell {self.name}: draft vocab_size {draft.config.vocab_size} != "
+                             f"target vocab_size {target.config.vocab_size}")
+        if vocab.size > target.config.vocab_size:
+            raise ValueError(f"cell {self.name}: vocabulary {self.vocabulary} has {vocab.size} "
+                             f"pieces, more than the models' vocab_size {target.config.vocab_size}")
+        return target, draft, vocab
+
+    def labels(self) -> Dict[str, Any]:
+        """The columns that say which cell a summary row is."""
+        return {"cell": self.name, "task": self.task, "draft": self.draft_name,
+                "temperature": self.temperature, "gamma": self.gamma,
+                "examples": len(self.examples)}
+
+
+@gin.configurable(denylist=["name"])
+def paper_cell(name: str, target: str = gin.REQUIRED, draft: str = gin.REQUIRED,
+               examples: Sequence[Example] = gin.REQUIRED, task: str = "", draft_name: str = "",
+               vocabulary: str = gin.REQUIRED, temperature: float = 0.0, top_k: int = 0,
+               top_p: float = 1.0, gamma: int = 4, max_decode_len: int = 128,
+               dtype: Optional[str] = None, metric: Optional[str] = None, seed: int = 0,
+               paper_alpha: Optional[float] = None,
+               paper_speedup: Optional[float] = None) -> Cell:
+    """Build and check a Cell from the gin bindings in force."""
+    from speculative_t5.data.tasks import METRICS
+    for field, value in (("target", target), ("draft", draft), ("vocabulary", vocabulary)):
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"cell {name}: {field} must be a path, got {value!r}")
+    if not isinstance(gamma, int) or gamma < 1:
+        raise ValueError(f"cell {name}: gamma must be an int >= 1, got {gamma!r}")
+    if not isinstance(max_decode_len, int) or max_decode_len < 1:
+        raise ValueError(f"cell {name}: max_decode_len must be an int >= 1, got {max_decode_len!r}")
+    if metric is not None and metric not in METRICS:
+        raise ValueError(f"cell {name}: unknown metric {metric!r}; known: {', '.join(METRICS)}")
+    examples = tuple(examples)
+    if not examples:
+        raise ValueError(f"cell {name}: no examples")
+    ids = [e["id"] for e in examples]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"cell {name}: duplicate example ids")
+    return Cell(name=name, task=task, target=target, draft=draft, draft_name=draft_name or draft,
+                vocabulary=vocabulary, examples=examples, temperature=float(temperature),
+                top_k=top_k, top_p=float(top_p), gamma=gamma, max_decode_len=max_decode_len,
+                dtype=dtype, metric=metric, seed=seed,
+                paper={"alpha": paper_alpha, "speedup": paper_speedup})
+
+
+@gin.configurable
+def demo_model_dir(which: str = gin.REQUIRED) -> str:
+    """Path of the shipped demo 'target', 'draft' or 'vocabulary' (for gin configs)."""
+    import os
+    from speculative_t5.demo import DEMO_DIR
+    paths = {"target": os.path.join(DEMO_DIR, "target"), "draft": os.path.join(DEMO_DIR, "draft"),
+             "vocabulary": os.path.join(DEMO_DIR, "target", "spiece.model")}
+    if which not in paths:
+        raise ValueError(f"demo_model_dir.which must be one of {sorted(paths)}, got {which!r}")
+    return paths[which]
+
+
+def _truncate(ids: List[int], length: int, eos_id: int = 1) -> List[int]:
+    return ids if len(ids) <= length else ids[:length - 1] + [eos_id]
+
+
+@gin.configurable
+def task_examples(task: str = gin.REQUIRED, split: str = "validation", num_examples: int = 100,
+                  input_length: int = 512, target_length: int = 128,
+                  vocabulary: str = gin.REQUIRED, tfds_data_dir: Optional[str] = None,
+                  mock_data: int = 0) -> List[Example]:
+    """The first `num_examples` of a seqio task's split (file order, no shuffling).
+    mock_data > 0 reads `tfds.testing.mock_data` with that many random examples instead
+    (an offline smoke run; the numbers mean nothing)."""
+    import contextlib
+    from speculative_t5.data import tasks
+    ctx = contextlib.nullcontext()
+    if mock_data:
+        import tensorflow_datasets as tfds
+        ctx = tfds.testing.mock_data(num_examples=mock_data)
+    with ctx:
+        raw = tasks.examples(task, split=split, num=num_examples, input_len=input_length,
+                             target_len=target_length, vocab_path=vocabulary,
+                             tfds_data_dir=tfds_data_dir)
+    return [{"id": f"{split}-{i}", "inputs": [int(t) for t in ex["inputs"]],
+             "input_text": ex["inputs_pretokenized"], "reference": ex["targets_pretokenized"]}
+            for i, ex in enumerate(raw)]
+
+
+@gin.configurable
+def file_examples(path: str = gin.REQUIRED, prefix: str = "", vocabulary: str = gin.REQUIRED,
+                  num_examples: Optional[int] = None, input_length: int = 512) -> List[Example]:
+    """A text file (one input a line) or TSV (input<TAB>reference); ids are line numbers."""
+    vocab = Vocabulary(vocabulary)
+    rows = read_inputs(path, prefix)[:num_examples]
+    return [{"id": f"line-{i + 1}", "inputs": _truncate(vocab.encode(text), input_length),
+             "input_text": text, "reference": ref} for i, (text, ref) in enumerate(rows)]
+
+
+@gin.configurable
+def demo_examples(split: str = "test", num_examples: int = 32, input_length: int = 128,
+                  vocabulary: Optional[str] = None) -> List[Example]:
+    """The demo corpus (stdlib functions -> first docstring sentence), the task the shipped
+    pair was trained on; ids are the examples' positions in the split."""
+    from speculative_t5.data.demo_corpus import build_corpus
+    vocab = Vocabulary(vocabulary or demo_model_dir("vocabulary"))
+    rows = [e for e in build_corpus() if e["split"] == split][:num_examples]
+    if not rows:
+        raise ValueError(f"demo corpus has no examples in split {split!r}")
+    return [{"id": f"{split}-{i}", "inputs": _truncate(vocab.encode(e["input"]), input_length),
+             "input_text": e["input"], "reference": e["target"]} for i, e in enumerate(rows)]
+
+
+_MACRO = re.compile(r"In call to configurable 'macro'.*in scope '([^']+)'", re.S)
+
+
+def build_cell(name: str, config_file: str) -> Cell:
+    """paper_cell() under the gin config in force, gin's errors turned into messages that
+    name the cell's config file and the missing binding or macro."""
+    try:
+        return paper_cell(name)
+    except TypeError as e:
+        m = _MACRO.search(str(e))
+        if not m:
+            raise
+        macro = m.group(1)
+        raise ValueError(f"{config_file}: gin macro {macro} is not set; bind it in a gin file "
+                         f"or with --gin.{macro}=\"'...'\"") from None
+    except RuntimeError as e:
+        if "Required bindings" not in str(e):
+            raise
+        raise ValueError(f"{config_file}: {e}") from None

@@ -1,0 +1,229 @@
+"""The paper drivers: every config parses and builds its cell, each driver runs end to end
+on tiny models over tfds mock data and writes all its files, a killed run resumes without
+losing or repeating an example, gin flags override files and bad bindings are named."""
+import glob
+import json
+import os
+
+import gin
+import matplotlib.image as mpimg
+import numpy as np
+import pytest
+
+import speculative_t5 as st
+from helpers import tiny_config, train_sentencepiece
+from speculative_t5 import cli, paper, training  # noqa: F401 (training: gin configurables)
+from speculative_t5.data import tasks
+from speculative_t5.paper.cells import build_cell
+from speculative_t5.rundir import RunDir
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHECKPOINT_MACROS = [f"{t}_T5_1_1_{d} = '/ckpt/{t}_{d}'" for t in ("ENDE", "CNNDM")
+                     for d in ("XXL", "SMALL", "BASE", "LARGE")]
+
+
+@pytest.fixture(scope="module")
+def spm(tmp_path_factory):
+    return train_sentencepiece(str(tmp_path_factory.mktemp("spm")), vocab_size=48)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """A tiny random target, a smaller random draft, and a 'near' draft (the target's
+    weights perturbed: agrees often, not always), saved as native checkpoints."""
+    import jax
+    root = tmp_path_factory.mktemp("pair")
+    target = st.init_model(tiny_config(), seed=0)
+    noise = st.init_model(tiny_config(), seed=1)
+    near = st.Model(target.config, jax.tree_util.tree_map(lambda a, b: a + 0.3 * b,
+                                                           target.params, noise.params))
+    models = {"target": target, "near": near,
+              "draft": st.init_model(tiny_config(num_decoder_layers=1, emb_dim=16, num_heads=2), seed=2)}
+    paths = {name: str(root / name) for name in models}
+    for name, model in models.items():
+        st.save_checkpoint(model, paths[name])
+    return paths
+
+
+def _configs():
+    return sorted(os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, "configs", "**", "*.gin"),
+                                                             recursive=True))
+
+
+@pytest.mark.parametrize("rel", _configs())
+def test_every_config_parses_and_builds(rel, spm):
+    text = open(os.path.join(REPO, rel)).read()
+    bindings = CHECKPOINT_MACROS + ["MOCK_DATA = 3", "NUM_EXAMPLES = 2"]
+    if "demo_docstrings" not in text:  # the demo cells use the shipped pair's vocabulary
+        bindings.append(f"VOCABULARY = '{spm}'")
+    cli.parse_gin([os.path.join(REPO, rel)], bindings, [])
+    try:
+        if "include 'runs/paper.gin'" not in text:
+            return  # a training config or the checkpoints template: parsing is the check
+        cell = build_cell(os.path.basename(rel)[:-4], rel)
+        assert len(cell.examples) == 2 and cell.gamma >= 1
+        assert cell.temperature == (1.0 if rel.endswith("_t1.gin") else 0.0)
+        if cell.task in tasks.TASKS:
+            assert gin.query_parameter("%PREFIX") == tasks.TASKS[cell.task]["prefix"]
+            assert all(e["input_text"].startswith(tasks.TASKS[cell.task]["prefix"])
+                       for e in cell.examples)
+            assert cell.metric == tasks.TASKS[cell.task]["metric"]
+        if rel.startswith("configs/paper/") and "11b" not in rel:
+            assert cell.paper["alpha"] and cell.paper["speedup"] and cell.target.endswith("_XXL")
+    finally:
+        gin.clear_config()
+
+
+def test_unset_checkpoint_macro_is_named(spm):
+    cli.parse_gin([os.path.join(REPO, "configs/paper/ende_t5_small_t0.gin")],
+                  ["MOCK_DATA = 3", f"VOCABULARY = '{spm}'"], [])
+    try:
+        with pytest.raises(ValueError, match="gin macro ENDE_T5_1_1_(XXL|SMALL) is not set"):
+            build_cell("ende_t5_small_t0", "configs/paper/ende_t5_small_t0.gin")
+    finally:
+        gin.clear_config()
+
+
+def _cell_file(tmp_path, pair, spm, name="ende_t0", decoding="speculative_greedy", extra="",
+               draft="draft"):
+    path = tmp_path / f"{name}.gin"
+    path.write_text(f"""include 'runs/paper.gin'
+include 'tasks/wmt_ende.gin'
+include 'decoding/{decoding}.gin'
+TARGET_CHECKPOINT = '{pair["target"]}'
+DRAFT_CHECKPOINT = '{pair[draft]}'
+VOCABULARY = '{spm}'
+MOCK_DATA = 6
+NUM_EXAMPLES = 3
+DTYPE = 'float32'
+INPUT_LENGTH = 24
+TARGET_LENGTH = 8
+GAMMA = 2
+{extra}""")
+    return str(path)
+
+
+def _png_ok(path):
+    img = mpimg.imread(path)
+    assert img.shape[0] > 100 and img.shape[1] > 100 and img.std() > 0
+
+
+def _records(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_walltime_table_end_to_end_and_flags(tmp_path, pair, spm):
+    cell = _cell_file(tmp_path, pair, spm)
+    out = str(tmp_path / "run")
+    assert cli.main(["walltime_table", "--cell", cell, "--output_dir", out, "--quiet",
+                     "--gin.walltime_cell.timing_rounds=2", "--gin.NUM_EXAMPLES=2"]) == 0
+    for f in ("summary.csv", "summary.md", "config.gin", "environment.json", "walltime.png",
+              "ende_t0/examples.jsonl", "ende_t0/config.gin", "ende_t0/timing.json",
+              "ende_t0/summary.csv", "ende_t0/tokens_per_call.png"):
+        assert os.path.exists(os.path.join(out, f)), f
+    _png_ok(os.path.join(out, "walltime.png"))
+    recs = _records(os.path.join(out, "ende_t0", "examples.jsonl"))
+    assert [r["id"] for r in recs] == ["validation-0", "validation-1"]  # --gin.NUM_EXAMPLES won
+    assert all(r["identical"] and r["t5x_identical"] for r in recs)     # greedy: exact
+    assert all(set(r["seconds"]) == {"plain", "plain_t5x", "spec"} for r in recs)
+    row = dict(zip(*[line.split(",") for line in open(os.path.join(out, "summary.csv")).read().splitlines()]))
+    assert row["cell"] == "ende_t0" and float(row["identical_fraction"]) == 1.0
+    assert 0 <= float(row["alpha"]) <= 1 and float(row["c"]) > 0 and float(row["v"]) > 0
+    assert float(row["bleu_plain"]) == float(row["bleu_spec"])
+    tpc = float(row["tokens_per_target_call"])
+    assert 1 <= tpc <= 3
+    assert "walltime_cell.timing_rounds = 2" in open(os.path.join(out, "ende_t0", "config.gin")).read()
+    # the same directory with another config is refused, not mixed
+    with pytest.raises(SystemExit, match="different config.*NUM_EXAMPLES"):
+        cli.main(["walltime_table", "--cell", cell, "--output_dir", out, "--quiet",
+                  "--gin.walltime_cell.timing_rounds=2", "--gin.NUM_EXAMPLES=3"])
+    with pytest.raises(SystemExit, match="bad gin configuration.*no_such_knob"):
+        cli.main(["walltime_table", "--cell", cell, "--output_dir", out,
+                  "--gin.walltime_cell.no_such_knob=1"])
+    with pytest.raises(SystemExit, match="no cells"):
+        cli.main(["alpha_table", "--output_dir", out])
+
+
+class Killed(Exception):
+    pass
+
+
+def test_killed_run_resumes_without_gaps_or_repeats(tmp_path, pair, spm, monkeypatch):
+    cells = [_cell_file(tmp_path, pair, spm, "a_t0"),
+             _cell_file(tmp_path, pair, spm, "b_t1", "speculative_sampling")]
+    out = str(tmp_path / "run")
+    args = dict(gin_files=[], bindings=["walltime_cell.timing_rounds = 2"], quiet=True)
+    appended, real_append = [], RunDir.append
+
+    def dying_append(self, record):
+        if len(appended) == 4:  # killed while writing the 5th record (2nd of cell b)
+            with open(self.jsonl, "a") as f:
+                f.write(json.dumps(record)[:20])
+            raise Killed()
+        appended.append(record["id"])
+        real_append(self, record)
+    monkeypatch.setattr(RunDir, "append", dying_append)
+    with pytest.raises(Killed):
+        paper.run("walltime_table", cells, out, **args)
+    monkeypatch.setattr(RunDir, "append", real_append)
+    with open(os.path.join(out, "b_t1", "examples.jsonl")) as f:
+        assert f.read().endswith('{"id": "validation-1')  # the torn line the kill left
+    first = {c: RunDir(os.path.join(out, c)).records() for c in ("a_t0", "b_t1")}
+    assert [len(r) for r in first.values()] == [3, 1]
+    rows = paper.run("walltime_table", cells, out, **args)
+    for c in ("a_t0", "b_t1"):
+        recs = _records(os.path.join(out, c, "examples.jsonl"))
+        assert sorted(r["id"] for r in recs) == ["validation-0", "validation-1", "validation-2"]
+        assert recs[:len(first[c])] == first[c]  # what was done is kept, not redone
+    assert [r["examples"] for r in rows] == [3, 3]
+    assert rows[0]["identical_fraction"] == 1.0 and rows[1]["identical_fraction"] is None
+
+
+def test_alpha_table_two_cells(tmp_path, pair, spm):
+    cells = [_cell_file(tmp_path, pair, spm, "ende_t0", draft="near"),
+             _cell_file(tmp_path, pair, spm, "ende_t1", "speculative_sampling", draft="near")]
+    out = str(tmp_path / "run")
+    rows = paper.run("alpha_table", cells, out, bindings=["alpha_cell.batch_size = 2"], quiet=True)
+    assert [r["cell"] for r in rows] == ["ende_t0", "ende_t1"]
+    for r in rows:
+        assert 0 < r["alpha"] < 1 and r["alpha_ci95"] >= 0 and r["positions"] > 0
+    _png_ok(os.path.join(out, "alpha.png"))
+    assert open(os.path.join(out, "summary.md")).read().count("| ende_t") == 2
+    # greedy alpha = the argmax agreement rate along the target's own greedy output
+    target, draft = st.load_checkpoint(pair["target"]), st.load_checkpoint(pair["near"])
+    recs = _records(os.path.join(out, "ende_t0", "examples.jsonl"))
+    cli.parse_gin([cells[0]], [], [])
+    try:
+        cell = build_cell("ende_t0", cells[0])
+    finally:
+        gin.clear_config()
+    agree = total = 0
+    for ex in cell.examples:
+        x = np.array([ex["inputs"]], np.int32)
+        out_t = st.generate(target, x, max_decode_len=8)
+        n = int(out_t.lengths[0])
+        dec = np.pad(out_t.tokens[:, :n - 1], ((0, 0), (1, 0)))
+        pt = np.argmax(np.asarray(st.forward(target, x, dec)), -1)
+        pd = np.argmax(np.asarray(st.forward(draft, x, dec)), -1)
+        agree += int((pt == pd).sum())
+        total += n
+    assert sum(r["positions"] for r in recs) == total
+    assert rows[0]["alpha"] == pytest.approx(agree / total)
+
+
+def test_gamma_sweep(tmp_path, pair, spm):
+    cell = _cell_file(tmp_path, pair, spm, "ende_t0")
+    out = str(tmp_path / "run")
+    rows = paper.run("gamma_sweep", [cell], out, bindings=[
+        "gamma_sweep_cell.gammas = [1, 3]", "gamma_sweep_cell.timing_rounds = 2"], quiet=True)
+    row = rows[0]
+    assert row["best_gamma_measured"] in (1, 3) and row["best_gamma_predicted"] in (1, 3)
+    assert 0 < row["c_hat"] < 1
+    lines = open(os.path.join(out, "ende_t0", "summary.csv")).read().splitlines()
+    assert [line.split(",")[0] for line in lines[1:]] == ["1", "3"]
+    for f in ("speedup_vs_gamma.png", "ende_t0/speedup_vs_gamma.png", "ende_t0/operations_vs_gamma.png"):
+        _png_ok(os.path.join(out, f))
+    with pytest.raises(ValueError, match="distinct ints"):
+        paper.run("gamma_sweep", [cell], str(tmp_path / "bad"),
+                  bindings=["gamma_sweep_cell.gammas = [0]"], quiet=True)
