@@ -95,6 +95,8 @@ def _parser() -> argparse.ArgumentParser:
         t.add_argument("--cell", action="append", default=[],
                        help="a cell's gin config, e.g. configs/paper/ende_t5_small_t0.gin (repeatable)")
         t.add_argument("--output_dir", required=True, help="the run directory (resumable)")
+        t.add_argument("--tfds_data_dir", help="where tfds finds the datasets (gs:// works); "
+                       "the same as --gin.TFDS_DATA_DIR")
         t.add_argument("--quiet", action="store_true")
         drivers.append(t)
     for sp in (c, d, m, *trainers, *drivers):  # gin flags are accepted after the subcommand too
@@ -131,6 +133,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parse_gin(files, bindings, paths)
     from speculative_t5.checkpoints import CheckpointError
     if args.command in paper.DRIVERS:
+        if args.tfds_data_dir:
+            bindings.append(f"TFDS_DATA_DIR = {args.tfds_data_dir!r}")
         try:
             paper.run(args.command, args.cell, args.output_dir, files, bindings, paths, args.quiet)
         except (CheckpointError, ValueError, FileNotFoundError) as e:

@@ -126,11 +126,20 @@ class RunDir:
         return path
 
     def write_environment(self) -> Dict[str, Any]:
-        import flax
+        """Python, package versions, platform and devices, as environment.json."""
+        from importlib import metadata
         import jax
+        versions = {}
+        for pkg in ("speculative_t5", "jax", "jaxlib", "flax", "numpy", "orbax-checkpoint",
+                    "gin-config", "seqio", "tensorflow-datasets", "sentencepiece"):
+            try:
+                versions[pkg] = metadata.version(pkg)
+            except metadata.PackageNotFoundError:
+                versions[pkg] = None
         env = {"python": platform.python_version(), "platform": platform.platform(),
-               "jax": jax.__version__, "flax": flax.__version__,
-               "devices": [str(d) for d in jax.devices()], "cpu_count": os.cpu_count()}
+               "versions": versions, "jax": jax.__version__,
+               "devices": [f"{d.platform}:{d.device_kind}" for d in jax.devices()],
+               "cpu_count": os.cpu_count()}
         with open(os.path.join(self.path, "environment.json"), "w") as f:
             json.dump(env, f, indent=2)
         return env

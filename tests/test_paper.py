@@ -117,6 +117,7 @@ def test_walltime_table_end_to_end_and_flags(tmp_path, pair, spm):
     cell = _cell_file(tmp_path, pair, spm)
     out = str(tmp_path / "run")
     assert cli.main(["walltime_table", "--cell", cell, "--output_dir", out, "--quiet",
+                     "--tfds_data_dir", str(tmp_path / "tfds"),
                      "--gin.walltime_cell.timing_rounds=2", "--gin.NUM_EXAMPLES=2"]) == 0
     for f in ("summary.csv", "summary.md", "config.gin", "environment.json", "walltime.png",
               "ende_t0/examples.jsonl", "ende_t0/config.gin", "ende_t0/timing.json",
@@ -133,10 +134,12 @@ def test_walltime_table_end_to_end_and_flags(tmp_path, pair, spm):
     assert float(row["bleu_plain"]) == float(row["bleu_spec"])
     tpc = float(row["tokens_per_target_call"])
     assert 1 <= tpc <= 3
-    assert "walltime_cell.timing_rounds = 2" in open(os.path.join(out, "ende_t0", "config.gin")).read()
+    config = open(os.path.join(out, "ende_t0", "config.gin")).read()
+    assert "walltime_cell.timing_rounds = 2" in config and "tfds" in config.split("TFDS_DATA_DIR")[1]
     # the same directory with another config is refused, not mixed
     with pytest.raises(SystemExit, match="different config.*NUM_EXAMPLES"):
         cli.main(["walltime_table", "--cell", cell, "--output_dir", out, "--quiet",
+                  "--tfds_data_dir", str(tmp_path / "tfds"),
                   "--gin.walltime_cell.timing_rounds=2", "--gin.NUM_EXAMPLES=3"])
     with pytest.raises(SystemExit, match="bad gin configuration.*no_such_knob"):
         cli.main(["walltime_table", "--cell", cell, "--output_dir", out,
@@ -227,3 +230,41 @@ def test_gamma_sweep(tmp_path, pair, spm):
     with pytest.raises(ValueError, match="distinct ints"):
         paper.run("gamma_sweep", [cell], str(tmp_path / "bad"),
                   bindings=["gamma_sweep_cell.gammas = [0]"], quiet=True)
+
+
+def test_text_file_cell_and_decode_run_block(tmp_path, pair, spm):
+    """tasks/text_file.gin feeds a TSV to a driver (with BLEU against its references), and
+    runs/decode.gin turns any cell into `speculative-t5 decode` (decoding/plain.gin: no draft)."""
+    tsv = tmp_path / "in.tsv"
+    tsv.write_text("the quick fox\tder schnelle fuchs\nseven small birds\tsieben kleine voegel\n")
+    cell = tmp_path / "file_t0.gin"
+    cell.write_text(f"""include 'runs/paper.gin'
+include 'tasks/text_file.gin'
+include 'decoding/speculative_greedy.gin'
+TARGET_CHECKPOINT = '{pair["target"]}'
+DRAFT_CHECKPOINT = '{pair["draft"]}'
+VOCABULARY = '{spm}'
+INPUT_FILE = '{tsv}'
+PREFIX = 'translate English to German: '
+METRIC = 'bleu'
+DTYPE = 'float32'
+TARGET_LENGTH = 6
+""")
+    out = str(tmp_path / "run")
+    rows = paper.run("walltime_table", [str(cell)], out,
+                     bindings=["walltime_cell.timing_rounds = 2"], quiet=True)
+    assert rows[0]["examples"] == 2 and rows[0]["identical_fraction"] == 1.0
+    assert "bleu_plain" in rows[0] and rows[0]["bleu_plain"] == rows[0]["bleu_spec"]
+    recs = _records(os.path.join(out, "file_t0", "examples.jsonl"))
+    assert [r["id"] for r in recs] == ["line-1", "line-2"]
+    assert recs[1]["reference"] == "sieben kleine voegel"
+    txt = tmp_path / "in.txt"
+    txt.write_text("the quick fox\n")
+    for decoding, has_draft in (("speculative_greedy", True), ("plain", False)):
+        jsonl = str(tmp_path / f"{decoding}.jsonl")
+        assert cli.main(["decode", f"--gin_file={cell}", "--gin_file=runs/decode.gin",
+                         f"--gin_file=decoding/{decoding}.gin", "--input_file", str(txt),
+                         "--output", jsonl]) == 0
+        rec = _records(jsonl)[0]
+        assert rec["input"] == "translate English to German: the quick fox"
+        assert (rec["stats"]["draft_calls"] > 0) == has_draft and rec["length"] <= 6

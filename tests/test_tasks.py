@@ -45,3 +45,13 @@ def test_metrics():
     assert set(r) == {"rouge1", "rouge2", "rougeLsum"}
     assert 70 < r["rouge1"] < 100 and r["rouge2"] < r["rouge1"]
     assert tasks.rouge(["a b c"], ["a b c"])["rougeLsum"] == pytest.approx(100)
+
+
+def test_rouge_is_the_plain_mean_and_deterministic():
+    refs = ["the cat sat on the mat", "a dog ran far away", "birds sing at dawn"]
+    preds = ["the cat sat", "a dog ran home", "fish swim at night"]
+    each = [tasks.rouge([r], [p]) for r, p in zip(refs, preds)]
+    together = tasks.rouge(refs, preds)
+    for k in ("rouge1", "rouge2", "rougeLsum"):
+        assert together[k] == pytest.approx(np.mean([e[k] for e in each]))
+    assert tasks.rouge(refs, preds) == together  # no resampling: identical outputs, identical scores
