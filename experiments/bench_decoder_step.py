@@ -17,22 +17,9 @@ import os
 import platform
 
 import jax
-from flax import traverse_util
 
 import speculative_t5 as st
-from speculative_t5.timing import interleaved_medians, step_timer
-
-
-def step_weight_bytes(model: st.Model, K: int) -> int:
-    total = 0
-    for key, arr in traverse_util.flatten_dict(model.params, sep="/").items():
-        nbytes = arr.size * arr.dtype.itemsize
-        if key.startswith("decoder/") and "encoder_decoder_attention/key" not in key \
-                and "encoder_decoder_attention/value" not in key:
-            total += nbytes
-        elif key == "token_embedder/embedding":
-            total += nbytes if model.config.logits_via_embedding else K * arr.shape[1] * arr.dtype.itemsize
-    return total
+from speculative_t5.timing import decoder_step_bytes, step_times
 
 
 def main():
@@ -50,9 +37,8 @@ def main():
     cfg = st.T5Config.preset(args.preset)
     model = st.init_model(cfg, seed=0)
     ks = [int(k) for k in args.ks.split(",")]
-    timers = {K: step_timer(model, args.batch, K, args.input_len, args.max_len, args.pos)
-              for K in ks}
-    med = interleaved_medians(timers, args.rounds, warmup=3)
+    med = step_times({K: (model, K) for K in ks}, args.batch, args.input_len, args.max_len,
+                     args.pos, args.rounds, warmup=3)
     print(f"{args.preset} decoder step, random weights, {cfg.param_dtype}, batch {args.batch}, "
           f"cache {args.max_len}, position {args.pos}, {jax.devices()[0].platform} "
           f"({os.cpu_count()} cores, {platform.processor() or platform.machine()}), "
@@ -60,7 +46,7 @@ def main():
     print(f"{'K':>3} {'ms/step':>9} {'ratio to K=1':>13} {'ms/token':>9} {'weights MB':>11} {'GB/s':>7}")
     rows = []
     for K in ks:
-        wbytes = step_weight_bytes(model, K)
+        wbytes = decoder_step_bytes(model, K)
         row = dict(K=K, ms_per_step=1e3 * med[K], ratio_to_k1=med[K] / med[ks[0]],
                    ms_per_token=1e3 * med[K] / K, weight_mb=wbytes / 1e6,
                    weight_gb_per_s=wbytes / med[K] / 1e9)

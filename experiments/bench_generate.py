@@ -25,7 +25,7 @@ import numpy as np
 
 import speculative_t5 as st
 from speculative_t5 import analysis
-from speculative_t5.timing import interleaved_medians, step_timer
+from speculative_t5.timing import interleaved_medians, step_times
 
 
 def main():
@@ -58,11 +58,9 @@ def main():
     for batch in [int(b) for b in args.batches.split(",")]:
         rng = np.random.RandomState(batch)
         x = rng.randint(2, target.config.vocab_size, (batch, args.input_len)).astype(np.int32)
-        steps = {"target_1": step_timer(target, batch, 1),
-                 "target_g": step_timer(target, batch, g + 1)}
-        for name, d in drafts.items():
-            steps[name] = step_timer(d, batch, 1)
-        step_t = interleaved_medians(steps, args.step_rounds, warmup=2)
+        step_t = step_times({"target_1": (target, 1), "target_g": (target, g + 1),
+                             **{name: (d, 1) for name, d in drafts.items()}},
+                            batch, rounds=args.step_rounds)
         runs = {"plain": lambda: st.generate(target, x, max_decode_len=args.max_decode_len)}
         for name, d in drafts.items():
             runs[name] = (lambda d=d: st.generate(target, x, draft=d, gamma=g,

@@ -23,7 +23,7 @@ from speculative_t5.data.demo_corpus import build_corpus
 from speculative_t5.decoding import generate
 from speculative_t5.decoding.sampling import SamplingConfig
 from speculative_t5.model.api import Model
-from speculative_t5.timing import interleaved_medians, step_timer, timed_decodes
+from speculative_t5.timing import step_times, timed_decodes
 
 DEMO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo_models")
 
@@ -151,9 +151,8 @@ def demo(output_dir: str = "runs/demo_output", num_examples: int = 32, gamma: in
 
     # c and v on this device, batch 1 (interleaved medians of decoder-step timings)
     ks = sorted(set(gammas) | {gamma})
-    timers = {"target_1": step_timer(tm, 1, 1, input_len), "draft_1": step_timer(dm, 1, 1, input_len)}
-    timers.update({f"target_{g + 1}": step_timer(tm, 1, g + 1, input_len) for g in ks})
-    steps = interleaved_medians(timers, rounds=20, warmup=2)
+    specs = {"target_1": (tm, 1), "draft_1": (dm, 1), **{f"target_{g + 1}": (tm, g + 1) for g in ks}}
+    steps = step_times(specs, 1, input_len, max_decode_len + max(ks) + 1, max_decode_len // 2)
     c = steps["draft_1"] / steps["target_1"]
     v_of = {g: steps[f"target_{g + 1}"] / steps["target_1"] for g in ks}
 

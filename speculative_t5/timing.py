@@ -2,6 +2,7 @@
 interleaved repetitions so machine noise hits every variant alike."""
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from typing import Any, Callable, Dict, Tuple
@@ -14,7 +15,16 @@ from speculative_t5.decoding import generate
 from speculative_t5.model.api import Model, decode, init_cache
 
 
-_step = jax.jit(decode, donate_argnums=(1,))  # one compile cache shared by every timer
+@functools.partial(jax.jit, static_argnums=(4,), donate_argnums=(1,))
+def _steps(model: Model, cache, tokens, pos, n: int):
+    """n decoder steps inside one program, each fed the argmax of the last (a data
+    dependency, as in decoding), so a step costs what it costs inside a decode loop:
+    no Python dispatch per step (which, for a small draft, can exceed the step itself)."""
+    def body(_, carry):
+        cache, toks = carry
+        logits, cache = decode(model, cache, toks, pos)                        # [B, K, V]
+        return cache, jnp.argmax(logits, -1).astype(jnp.int32)                 # [B, K]
+    return jax.lax.fori_loop(0, n, body, (cache, tokens))
 
 
 def _block(x):
@@ -37,8 +47,9 @@ def interleaved_medians(fns: Dict[str, Callable[[], Any]], rounds: int, warmup: 
 
 
 def step_timer(model: Model, batch: int, K: int, input_len: int = 32, max_len: int = 64,
-               pos: int = 16, seed: int = 0) -> Callable[[], Any]:
-    """A no-argument function running one jitted decoder step over K tokens (cache donated)."""
+               pos: int = 16, steps: int = 16, seed: int = 0) -> Callable[[], Any]:
+    """A no-argument function running `steps` decoder steps over K tokens in one jitted
+    loop (cache donated); divide its time by `steps` (as `step_times` does)."""
     rng = np.random.RandomState(seed)
     c = model.config
     x = jnp.asarray(rng.randint(2, c.vocab_size, (batch, input_len)), jnp.int32)
@@ -47,9 +58,36 @@ def step_timer(model: Model, batch: int, K: int, input_len: int = 32, max_len: i
     state = {"cache": init_cache(model, x, max_len)}
 
     def run():
-        logits, state["cache"] = _step(model, state["cache"], tokens, positions)
-        return logits
+        state["cache"], out = _steps(model, state["cache"], tokens, positions, steps)
+        return out
     return run
+
+
+def step_times(specs: Dict[str, Tuple[Model, int]], batch: int = 1, input_len: int = 32,
+               max_len: int = 64, pos: int = 16, rounds: int = 20, steps: int = 16,
+               warmup: int = 2) -> Dict[str, float]:
+    """Median seconds per decoder step of each {name: (model, K tokens)}, as a compiled
+    decode loop pays it, the variants timed in turn (c and v are ratios of these)."""
+    timers = {name: step_timer(m, batch, K, input_len, max_len, pos, steps)
+              for name, (m, K) in specs.items()}
+    return {k: t / steps for k, t in interleaved_medians(timers, rounds, warmup).items()}
+
+
+def decoder_step_bytes(model: Model, K: int = 1) -> int:
+    """Bytes of weights one decoder step over K tokens reads: every decoder kernel except
+    the cross-attention key/value kernels (their outputs are cached per input), the output
+    layer (the tied embedding for T5 1.0), and K embedding rows. Divided by a step's time:
+    the weight bandwidth achieved."""
+    from flax import traverse_util
+    total = 0
+    for key, arr in traverse_util.flatten_dict(model.params, sep="/").items():
+        nbytes = arr.size * arr.dtype.itemsize
+        if key.startswith("decoder/") and "encoder_decoder_attention/key" not in key \
+                and "encoder_decoder_attention/value" not in key:
+            total += nbytes
+        elif key == "token_embedder/embedding":
+            total += nbytes if model.config.logits_via_embedding else K * arr.shape[1] * arr.dtype.itemsize
+    return total
 
 
 def timed_decodes(model: Model, variants: Dict[str, Dict[str, Any]], input_ids, sampling,

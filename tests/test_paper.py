@@ -131,6 +131,7 @@ def test_walltime_table_end_to_end_and_flags(tmp_path, pair, spm):
     row = dict(zip(*[line.split(",") for line in open(os.path.join(out, "summary.csv")).read().splitlines()]))
     assert row["cell"] == "ende_t0" and float(row["identical_fraction"]) == 1.0
     assert 0 <= float(row["alpha"]) <= 1 and float(row["c"]) > 0 and float(row["v"]) > 0
+    assert float(row["weights_gb_per_s"]) > 0 and float(row["tokens_per_s_spec"]) > 0
     assert float(row["bleu_plain"]) == float(row["bleu_spec"])
     tpc = float(row["tokens_per_target_call"])
     assert 1 <= tpc <= 3
@@ -268,3 +269,4 @@ TARGET_LENGTH = 6
         rec = _records(jsonl)[0]
         assert rec["input"] == "translate English to German: the quick fox"
         assert (rec["stats"]["draft_calls"] > 0) == has_draft and rec["length"] <= 6
+

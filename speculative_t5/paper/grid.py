@@ -29,7 +29,7 @@ from speculative_t5.decoding.sampling import SamplingConfig
 from speculative_t5.ginconfig import parse_gin
 from speculative_t5.paper.cells import Cell, build_cell
 from speculative_t5.rundir import RunDir
-from speculative_t5.timing import interleaved_medians, step_timer, timed_decodes
+from speculative_t5.timing import decoder_step_bytes, step_times, timed_decodes
 
 RUN_BLOCKS = {"alpha_table": "runs/alpha.gin", "walltime_table": "runs/walltime.gin",
               "gamma_sweep": "runs/gamma_sweep.gin"}
@@ -100,15 +100,13 @@ def step_costs(run: RunDir, target, draft, gammas: Sequence[int], input_len: int
         if all(str(g) in saved["v"] for g in gammas):
             return saved
     pos, cache_len = max_len // 2, max_len + max(gammas) + 1
-    timers = {"target_1": step_timer(target, 1, 1, input_len, cache_len, pos),
-              "draft_1": step_timer(draft, 1, 1, input_len, cache_len, pos)}
-    timers.update({f"target_{g + 1}": step_timer(target, 1, g + 1, input_len, cache_len, pos)
-                   for g in gammas})
-    steps = interleaved_medians(timers, rounds=rounds, warmup=2)
+    specs = {"target_1": (target, 1), "draft_1": (draft, 1),
+             **{f"target_{g + 1}": (target, g + 1) for g in gammas}}
+    steps = step_times(specs, 1, input_len, cache_len, pos, rounds)
     costs = {"c": steps["draft_1"] / steps["target_1"],
              "v": {str(g): steps[f"target_{g + 1}"] / steps["target_1"] for g in gammas},
              "step_ms": {k: 1e3 * t for k, t in steps.items()}, "input_len": input_len,
-             "compile_seconds": 0.0}
+             "target_step_bytes": decoder_step_bytes(target), "compile_seconds": 0.0}
     save_timing(run, costs)
     return costs
 

@@ -69,8 +69,11 @@ def summarize(cell: Cell, run: RunDir) -> Dict[str, Any]:
                speedup_predicted_paper=analysis.walltime_improvement(alpha["alpha"], cell.gamma, c),
                paper_alpha=cell.paper["alpha"], paper_speedup=cell.paper["speedup"],
                identical_fraction=float(np.mean([r["identical"] for r in recs])) if greedy else None,
-               ms_per_token_plain=1e3 * sec["plain"] / max(sum(r["plain_length"] for r in recs), 1),
-               ms_per_token_spec=1e3 * sec["spec"] / max(tokens, 1),
+               tokens_per_s_plain=sum(r["plain_length"] for r in recs) / sec["plain"],
+               tokens_per_s_spec=tokens / sec["spec"],
+               target_step_ms=costs["step_ms"]["target_1"],  # T, inside a compiled loop
+               # the weights a one-token target step reads, per its time: bandwidth achieved
+               weights_gb_per_s=costs["target_step_bytes"] / costs["step_ms"]["target_1"] / 1e6,
                compile_seconds=costs["compile_seconds"])
     row.update(grid.metric_columns(cell, recs, {"plain": "plain_output", "spec": "spec_output"}))
     run.write_summary([row])
