@@ -51,6 +51,8 @@ def test_demo_command_end_to_end(tmp_path):
     assert 0.0 <= s["alpha"] <= 1.0 and 0.0 < s["c"] < 1.0 and s["v"] > 0.5
     assert 1.0 <= s["tokens_per_target_call"] <= s["gamma"] + 1
     assert s["num_examples"] == 4 and len(s["gamma_sweep"]) >= 3
+    assert 1 <= s["sweep_examples"] <= 4 and s["sweep_input_width"] in (32, 64, 128)
+    assert s["best_gamma_predicted"] in [r["gamma"] for r in s["gamma_sweep"]]
     import matplotlib.image as mpimg
     for name in ("tokens_per_call.png", "speedup_vs_gamma.png"):
         img = mpimg.imread(os.path.join(out, name))
