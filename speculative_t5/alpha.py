@@ -3,7 +3,7 @@ target-generated text, with p and q the target's and draft's adjusted distributi
 (temperature 0: one-hot argmaxes, so alpha is the argmax agreement rate)."""
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import jax.numpy as jnp
 import numpy as np
@@ -23,13 +23,34 @@ def overlap_per_token(target: Model, draft: Model, input_ids, output_tokens,
     return np.asarray(overlap), np.asarray(out != 0)
 
 
+def overlap_sums(target: Model, draft: Model, input_ids, output_tokens,
+                 sampling: SamplingConfig) -> List[Dict[str, Any]]:
+    """Per row: the sum and sum of squares of the overlaps along its output, and the number
+    of positions; `alpha_of` combines them over any set of rows (so a run can be resumed)."""
+    overlap, mask = overlap_per_token(target, draft, input_ids, output_tokens, sampling)
+    out = []
+    for vals, m in zip(overlap.astype(np.float64), mask):                      # [T], [T]
+        vals = vals[m]
+        out.append({"overlap_sum": float(vals.sum()), "overlap_sq": float((vals ** 2).sum()),
+                    "positions": int(vals.size)})
+    return out
+
+
+def alpha_of(sums: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """alpha = mean overlap over all positions, with a 95% normal half-width (nan for fewer
+    than two positions)."""
+    n = sum(r["positions"] for r in sums)
+    if n == 0:
+        return {"alpha": float("nan"), "alpha_ci95": float("nan"), "positions": 0}
+    mean = sum(r["overlap_sum"] for r in sums) / n
+    if n == 1:
+        return {"alpha": mean, "alpha_ci95": float("nan"), "positions": 1}
+    var = max(sum(r["overlap_sq"] for r in sums) / n - mean ** 2, 0.0) * n / (n - 1)
+    return {"alpha": mean, "alpha_ci95": 1.96 * float(np.sqrt(var / n)), "positions": n}
+
+
 def measure_alpha(target: Model, draft: Model, input_ids, output_tokens,
                   sampling: SamplingConfig) -> Tuple[float, float, int]:
-    """(alpha, 95% confidence half-width, number of positions)."""
-    overlap, mask = overlap_per_token(target, draft, input_ids, output_tokens, sampling)
-    values = overlap[mask]
-    n = int(values.size)
-    if n == 0:
-        return float("nan"), float("nan"), 0
-    half = 1.96 * float(values.std(ddof=1)) / np.sqrt(n) if n > 1 else float("nan")
-    return float(values.mean()), half, n
+    """(alpha, 95% confidence half-width, number of positions) over all rows."""
+    a = alpha_of(overlap_sums(target, draft, input_ids, output_tokens, sampling))
+    return a["alpha"], a["alpha_ci95"], a["positions"]

@@ -19,6 +19,7 @@ the package's own `gin/` directory. Flags given explicitly win over gin bindings
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from typing import Optional, Sequence
@@ -132,15 +133,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from speculative_t5 import demo, paper, run_decode, training  # registers gin configurables
     parse_gin(files, bindings, paths)
     from speculative_t5.checkpoints import CheckpointError
-    if args.command in paper.DRIVERS:
+    if args.command in paper.DRIVERS:  # each cell parses its own config with these flags
         if args.tfds_data_dir:
             bindings.append(f"TFDS_DATA_DIR = {args.tfds_data_dir!r}")
-        try:
-            paper.run(args.command, args.cell, args.output_dir, files, bindings, paths, args.quiet)
-        except (CheckpointError, ValueError, FileNotFoundError) as e:
-            raise SystemExit(f"error: {e}") from None
-        return 0
-    if args.command == "convert":
+        fn = functools.partial(paper.run, args.command, args.cell, args.output_dir, files,
+                               bindings, paths, args.quiet)
+        names, required = (), ""
+    elif args.command == "convert":
         fn, names = convert, ("source", "destination", "format", "dtype", "overwrite")
         required = "--from and --to (or gin bindings convert.source / convert.destination)"
     elif args.command == "demo":

@@ -15,10 +15,9 @@ def _axes(figsize=(6, 4)):
     return plt.subplots(figsize=figsize)
 
 
-def _save(fig, ax, path: str, legend: bool = True) -> str:
+def _save(fig, ax, path: str) -> str:
     import matplotlib.pyplot as plt
-    if legend:
-        ax.legend(fontsize=8)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

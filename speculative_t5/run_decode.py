@@ -9,11 +9,10 @@ from typing import Optional
 
 import gin
 import jax
-import numpy as np
 from tqdm import tqdm
 
 from speculative_t5.checkpoints import load_checkpoint
-from speculative_t5.data import find_vocabulary, pad_rows, read_inputs
+from speculative_t5.data import find_vocabulary, pad_rows, pad_to, read_inputs
 from speculative_t5.decoding import generate
 from speculative_t5.rundir import JsonlLog
 
@@ -31,9 +30,7 @@ def decode(target: str = gin.REQUIRED, input_file: str = gin.REQUIRED,
     vocabulary = find_vocabulary(vocab, target, draft)
     target_model = load_checkpoint(target, dtype=dtype)
     draft_model = load_checkpoint(draft, dtype=dtype) if draft else None
-    if vocabulary.size > target_model.config.vocab_size:
-        raise ValueError(f"vocabulary {vocabulary.path} has {vocabulary.size} pieces, more than "
-                         f"the model's vocab_size {target_model.config.vocab_size}")
+    vocabulary.check_fits(target_model.config.vocab_size)
     examples = read_inputs(input_file, prefix)
     encoded = [vocabulary.encode(text) for text, _ in examples]
     for i, ids in enumerate(encoded):
@@ -51,10 +48,8 @@ def decode(target: str = gin.REQUIRED, input_file: str = gin.REQUIRED,
     for start in range(0, len(todo), batch_size):
         idx = todo[start:start + batch_size]
         width = -(-max(len(encoded[i]) for i in idx) // LENGTH_BUCKET) * LENGTH_BUCKET
-        ids = np.zeros((len(idx), width), np.int32)
-        for row, i in enumerate(idx):
-            ids[row, :len(encoded[i])] = encoded[i]
-        ids = pad_rows(ids, batch_size)  # a fixed batch: one compiled program
+        # a fixed batch: one compiled program
+        ids = pad_rows(pad_to([encoded[i] for i in idx], width), batch_size)
         t0 = time.perf_counter()
         res = generate(target_model, ids, draft=draft_model, gamma=gamma,
                        max_decode_len=max_decode_len, temperature=temperature, top_k=top_k,

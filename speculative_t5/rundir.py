@@ -77,7 +77,10 @@ class RunDir:
         self.path = path
         os.makedirs(path, exist_ok=True)
         self.log = JsonlLog(os.path.join(path, f"{name}.jsonl"))
-        self.jsonl = self.log.path
+
+    @property
+    def jsonl(self) -> str:
+        return self.log.path
 
     @property
     def done(self) -> set:

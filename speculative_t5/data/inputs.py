@@ -1,5 +1,6 @@
-"""Plain text / TSV input files: one example a line; in TSV the first column is the input
-and an optional second column the reference."""
+"""Plain text / TSV input files (one example a line; in TSV the first column is the input
+and an optional second column the reference), and turning id sequences into the
+fixed-shape int32 arrays the compiled decoders take."""
 from __future__ import annotations
 
 from typing import List, Optional, Sequence, Tuple
@@ -28,14 +29,23 @@ def pad_rows(rows: np.ndarray, batch_size: int) -> np.ndarray:
     return np.concatenate([rows, np.repeat(rows[:1], batch_size - len(rows), 0)])
 
 
-def tokenize(texts: Sequence[str], vocab, length: int) -> np.ndarray:
-    """int32 [N, length]: ids with EOS, truncated (EOS kept last) and 0-padded."""
-    out = np.zeros((len(texts), length), np.int32)
-    for i, text in enumerate(texts):
-        ids = vocab.encode(text)
-        ids = ids[:length - 1] + [vocab.eos_id] if len(ids) > length else ids
+def truncate(ids: Sequence[int], length: int, eos_id: int = 1) -> List[int]:
+    """ids cut to `length`, EOS kept last (as seqio's append_eos_after_trim does)."""
+    ids = list(ids)
+    return ids if len(ids) <= length else ids[:length - 1] + [eos_id]
+
+
+def pad_to(seqs: Sequence[Sequence[int]], width: int) -> np.ndarray:
+    """int32 [len(seqs), width]: each id sequence 0-padded on the right."""
+    out = np.zeros((len(seqs), width), np.int32)
+    for i, ids in enumerate(seqs):
         out[i, :len(ids)] = ids
     return out
+
+
+def tokenize(texts: Sequence[str], vocab, length: int) -> np.ndarray:
+    """int32 [N, length]: ids with EOS, truncated (EOS kept last) and 0-padded."""
+    return pad_to([truncate(vocab.encode(t), length, vocab.eos_id) for t in texts], length)
 
 
 def bucket(ids: Sequence[int], smallest: int = 32) -> np.ndarray:
@@ -43,6 +53,4 @@ def bucket(ids: Sequence[int], smallest: int = 32) -> np.ndarray:
     so batch-1 decoding pays for the text, not for padding, while only a few shapes are
     compiled (as a server batching by length buckets would)."""
     n = max(len(ids), 1)
-    out = np.zeros((1, max(smallest, 1 << (n - 1).bit_length())), np.int32)
-    out[0, :len(ids)] = ids
-    return out
+    return pad_to([ids], max(smallest, 1 << (n - 1).bit_length()))

@@ -48,6 +48,12 @@ class Vocabulary:
     def size(self) -> int:
         return self.sp.GetPieceSize()
 
+    def check_fits(self, vocab_size: int) -> None:
+        """A model with vocab_size output rows must have a row for every piece."""
+        if self.size > vocab_size:
+            raise ValueError(f"vocabulary {self.path} has {self.size} pieces, more than the "
+                             f"model's vocab_size {vocab_size}")
+
     def encode(self, text: str) -> List[int]:
         return list(self.sp.EncodeAsIds(text)) + [self.eos_id]
 

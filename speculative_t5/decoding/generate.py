@@ -43,6 +43,19 @@ def _check_int(name: str, value, lo: int):
     return int(value)
 
 
+def check_pair(target: Model, draft: Model) -> None:
+    """A draft must share the target's vocabulary and its eos / pad ids."""
+    if not isinstance(draft, Model):
+        raise TypeError(f"draft must be a speculative_t5.Model, got {type(draft).__name__}")
+    tc, dc = target.config, draft.config
+    if dc.vocab_size != tc.vocab_size:
+        raise ValueError(f"draft vocab_size {dc.vocab_size} != target vocab_size "
+                         f"{tc.vocab_size}: the two models must share one vocabulary")
+    if (dc.eos_id, dc.pad_id) != (tc.eos_id, tc.pad_id):
+        raise ValueError(f"draft eos/pad ids {(dc.eos_id, dc.pad_id)} differ from the "
+                         f"target's {(tc.eos_id, tc.pad_id)}")
+
+
 def generate(model: Model, input_ids, draft: Optional[Model] = None, gamma: int = 4,
              max_decode_len: int = 64, temperature: float = 0.0, top_k: int = 0,
              top_p: float = 1.0, rng=None, lenience: float = 1.0,
@@ -63,15 +76,7 @@ def generate(model: Model, input_ids, draft: Optional[Model] = None, gamma: int 
     if not isinstance(lenience, (int, float)) or not 0.0 < lenience <= 1.0:
         raise ValueError(f"lenience must be in (0, 1] (1 = exact), got {lenience!r}")
     if draft is not None:
-        if not isinstance(draft, Model):
-            raise TypeError(f"draft must be a speculative_t5.Model, got {type(draft).__name__}")
-        tc, dc = model.config, draft.config
-        if dc.vocab_size != tc.vocab_size:
-            raise ValueError(f"draft vocab_size {dc.vocab_size} != target vocab_size "
-                             f"{tc.vocab_size}: the two models must share one vocabulary")
-        if (dc.eos_id, dc.pad_id) != (tc.eos_id, tc.pad_id):
-            raise ValueError(f"draft eos/pad ids {(dc.eos_id, dc.pad_id)} differ from the "
-                             f"target's {(tc.eos_id, tc.pad_id)}")
+        check_pair(model, draft)
     ids = np.asarray(input_ids)
     if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer) or ids.shape[0] == 0 \
             or ids.shape[1] == 0:

@@ -12,7 +12,8 @@ import jax
 import numpy as np
 
 from speculative_t5 import plots
-from speculative_t5.data import bucket, pad_rows
+from speculative_t5.alpha import alpha_of, overlap_sums
+from speculative_t5.data import bucket, pad_rows, pad_to
 from speculative_t5.decoding import generate
 from speculative_t5.paper import grid
 from speculative_t5.paper.cells import Cell
@@ -32,20 +33,17 @@ def alpha_cell(cell: Cell, run: RunDir, batch_size: int = 8, quiet: bool = False
         missing = {i for i, _ in todo}
         with grid.progress(len(todo), cell.name, quiet) as bar:
             for start in range(0, len(cell.examples), batch_size):
-                idx = [i for i in range(start, min(start + batch_size, len(cell.examples)))]
+                idx = list(range(start, min(start + batch_size, len(cell.examples))))
                 if not missing.intersection(idx):
                     continue
                 exs = [cell.examples[i] for i in idx]
                 width = max(bucket(e["inputs"]).shape[1] for e in exs)
-                x = np.zeros((len(exs), width), np.int32)                     # [n, W]
-                for row, e in enumerate(exs):
-                    x[row, :len(e["inputs"])] = e["inputs"]
-                x = pad_rows(x, batch_size)                                    # [B, W]
+                x = pad_rows(pad_to([e["inputs"] for e in exs], width), batch_size)  # [B, W]
                 rng = jax.random.fold_in(jax.random.PRNGKey(cell.seed), start)
                 out = generate(target, x, max_decode_len=cell.max_decode_len,
                                temperature=cell.temperature, top_k=cell.top_k,
                                top_p=cell.top_p, rng=rng)
-                sums = grid.overlap_sums(target, draft, x, out.tokens, sampling)
+                sums = overlap_sums(target, draft, x, out.tokens, sampling)
                 for row, (i, e) in enumerate(zip(idx, exs)):
                     if i not in missing:
                         continue
@@ -60,7 +58,7 @@ def summarize(cell: Cell, run: RunDir) -> Dict[str, Any]:
     recs = grid.in_cell_order(cell, run.records())
     labels = cell.labels()
     labels.pop("gamma")
-    row = dict(labels, **grid.alpha_of(recs), paper_alpha=cell.paper["alpha"],
+    row = dict(labels, **alpha_of(recs), paper_alpha=cell.paper["alpha"],
                mean_output_length=float(np.mean([r["length"] for r in recs])))
     run.write_summary([row])
     return row

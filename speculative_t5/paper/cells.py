@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import gin
 
-from speculative_t5.data import Vocabulary, read_inputs
+from speculative_t5.data import Vocabulary, read_inputs, truncate
 
 Example = Dict[str, Any]  # {id, inputs: [int] (EOS-terminated), input_text, reference}
 
@@ -41,15 +41,15 @@ class Cell:
     def load_models(self):
         """(target, draft, vocabulary), checked to fit together."""
         from speculative_t5.checkpoints import load_checkpoint
+        from speculative_t5.decoding.generate import check_pair
         target = load_checkpoint(self.target, dtype=self.dtype)
         draft = load_checkpoint(self.draft, dtype=self.dtype)
         vocab = Vocabulary(self.vocabulary)
-        if draft.config.vocab_size != target.config.vocab_size:
-            raise ValueError(f"cell {self.name}: draft vocab_size {draft.config.vocab_size} != "
-                             f"target vocab_size {target.config.vocab_size}")
-        if vocab.size > target.config.vocab_size:
-            raise ValueError(f"cell {self.name}: vocabulary {self.vocabulary} has {vocab.size} "
-                             f"pieces, more than the models' vocab_size {target.config.vocab_size}")
+        try:  # before any timing, not at the first decode
+            check_pair(target, draft)
+            vocab.check_fits(target.config.vocab_size)
+        except ValueError as e:
+            raise ValueError(f"cell {self.name}: {e}") from None
         return target, draft, vocab
 
     def labels(self) -> Dict[str, Any]:
@@ -103,10 +103,6 @@ def demo_model_dir(which: str = gin.REQUIRED) -> str:
     return paths[which]
 
 
-def _truncate(ids: List[int], length: int, eos_id: int = 1) -> List[int]:
-    return ids if len(ids) <= length else ids[:length - 1] + [eos_id]
-
-
 @gin.configurable
 def task_examples(task: str = gin.REQUIRED, split: str = "validation", num_examples: int = 100,
                   input_length: int = 512, target_length: int = 128,
@@ -136,7 +132,7 @@ def file_examples(path: str = gin.REQUIRED, prefix: str = "", vocabulary: str = 
     """A text file (one input a line) or TSV (input<TAB>reference); ids are line numbers."""
     vocab = Vocabulary(vocabulary)
     rows = read_inputs(path, prefix)[:num_examples]
-    return [{"id": f"line-{i + 1}", "inputs": _truncate(vocab.encode(text), input_length),
+    return [{"id": f"line-{i + 1}", "inputs": truncate(vocab.encode(text), input_length),
              "input_text": text, "reference": ref} for i, (text, ref) in enumerate(rows)]
 
 
@@ -150,7 +146,7 @@ def demo_examples(split: str = "test", num_examples: int = 32, input_length: int
     rows = [e for e in build_corpus() if e["split"] == split][:num_examples]
     if not rows:
         raise ValueError(f"demo corpus has no examples in split {split!r}")
-    return [{"id": f"{split}-{i}", "inputs": _truncate(vocab.encode(e["input"]), input_length),
+    return [{"id": f"{split}-{i}", "inputs": truncate(vocab.encode(e["input"]), input_length),
              "input_text": e["input"], "reference": e["target"]} for i, e in enumerate(rows)]
 
 

@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Sequence
 import gin
 
 from speculative_t5 import analysis, plots
+from speculative_t5.alpha import alpha_of, overlap_sums
 from speculative_t5.paper import grid
 from speculative_t5.paper.cells import Cell
 from speculative_t5.rundir import RunDir
@@ -52,7 +53,7 @@ def _measure(cell: Cell, run: RunDir, todo: List, gammas: List[int], timing_roun
                "spec_length": {g: int(r.lengths[0]) for g, (r, _) in runs.items()},
                "target_calls": {g: int(r.stats["target_calls"][0]) for g, (r, _) in runs.items()},
                "draft_calls": {g: int(r.stats["draft_calls"][0]) for g, (r, _) in runs.items()}}
-        rec.update(grid.overlap_sums(target, draft, x, plain.tokens, grid.sampling_of(cell))[0])
+        rec.update(overlap_sums(target, draft, x, plain.tokens, grid.sampling_of(cell))[0])
         run.append({"id": ex["id"], **rec})
 
 
@@ -66,7 +67,7 @@ def summarize(cell: Cell, run: RunDir, gammas: List[int]) -> Dict[str, Any]:
         raise ValueError(f"{run.path} was measured for other gammas (no {missing}); use "
                          "another --output_dir")
     c_hat = costs["c_hat"]
-    alpha = grid.alpha_of(recs)
+    alpha = alpha_of(recs)
     a, c = alpha["alpha"], costs["c"]
     t_plain = sum(r["seconds"]["plain"] for r in recs)
     rows = []

@@ -21,9 +21,7 @@ from typing import Any, Callable, Dict, Iterator, List, Sequence
 
 import gin
 import jax
-import numpy as np
 
-from speculative_t5.alpha import overlap_per_token
 from speculative_t5.data import bucket
 from speculative_t5.decoding.sampling import SamplingConfig
 from speculative_t5.ginconfig import parse_gin
@@ -114,31 +112,6 @@ def step_costs(run: RunDir, target, draft, gammas: Sequence[int], input_len: int
 def save_timing(run: RunDir, costs: Dict[str, Any]) -> None:
     with open(os.path.join(run.path, "timing.json"), "w") as f:
         json.dump(costs, f, indent=2)
-
-
-def overlap_sums(target, draft, x: np.ndarray, tokens: np.ndarray,
-                 sampling: SamplingConfig) -> List[Dict[str, float]]:
-    """Per row of x [B, W], sum_x min(p, q) along its target-generated output tokens
-    [B, T]: the sums that give alpha and its confidence interval over any set of rows."""
-    overlap, mask = overlap_per_token(target, draft, x, tokens, sampling)     # [B, T] each
-    out = []
-    for vals, m in zip(overlap.astype(np.float64), mask):
-        vals = vals[m]
-        out.append({"overlap_sum": float(vals.sum()), "overlap_sq": float((vals ** 2).sum()),
-                    "positions": int(vals.size)})
-    return out
-
-
-def alpha_of(records: Sequence[Dict[str, Any]]) -> Dict[str, float]:
-    """alpha = mean overlap over all positions, with a 95% normal half-width."""
-    n = sum(r["positions"] for r in records)
-    if n == 0:
-        return {"alpha": float("nan"), "alpha_ci95": float("nan"), "positions": 0}
-    s = sum(r["overlap_sum"] for r in records)
-    sq = sum(r["overlap_sq"] for r in records)
-    mean = s / n
-    var = max(sq / n - mean ** 2, 0.0) * n / max(n - 1, 1)
-    return {"alpha": mean, "alpha_ci95": 1.96 * float(np.sqrt(var / n)), "positions": n}
 
 
 def metric_columns(cell: Cell, records: Sequence[Dict[str, Any]],

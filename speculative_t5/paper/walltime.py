@@ -13,6 +13,7 @@ import gin
 import numpy as np
 
 from speculative_t5 import analysis, plots
+from speculative_t5.alpha import alpha_of, overlap_sums
 from speculative_t5.paper import grid
 from speculative_t5.paper.cells import Cell
 from speculative_t5.rundir import RunDir
@@ -45,7 +46,7 @@ def _measure(cell: Cell, run: RunDir, todo: List, timing_rounds: int, quiet: boo
                "tokens_per_call_hist": s["tokens_per_call_hist"][0].tolist(),
                "plain_output": vocab.decode(plain.tokens[0]),
                "spec_output": vocab.decode(spec.tokens[0]), "reference": ex["reference"]}
-        rec.update(grid.overlap_sums(target, draft, x, plain.tokens, grid.sampling_of(cell))[0])
+        rec.update(overlap_sums(target, draft, x, plain.tokens, grid.sampling_of(cell))[0])
         run.append({"id": ex["id"], **rec})
 
 
@@ -58,7 +59,7 @@ def summarize(cell: Cell, run: RunDir) -> Dict[str, Any]:
     sec = {k: sum(r["seconds"][k] for r in recs) for k in ("plain", "plain_t5x", "spec")}
     calls = sum(r["target_calls"] for r in recs)
     tokens = sum(r["spec_length"] for r in recs)
-    alpha = grid.alpha_of(recs)
+    alpha = alpha_of(recs)
     greedy = cell.temperature == 0.0
     row = dict(cell.labels(), **alpha, c=c, v=v,
                tokens_per_target_call=tokens / max(calls, 1),
