@@ -34,5 +34,5 @@ setup(
     package_data={"speculative_t5": ["demo_models/*/*"], **{p: ["*.gin"] for p in GIN_PACKAGES}},
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,
-    entry_points={"console_scripts": ["speculative-t5=speculative_t5.cli:main"]},
+    entry_points={"console_scripts": ["speculative-t5=speculative_t5.commands:main"]},
 )

@@ -1,9 +1,9 @@
-"""`speculative-t5 alpha_table` as a script (the drivers live in speculative_t5/paper/):
+"""`speculative-t5 alpha_table` as a script (the drivers live in speculative_t5/experiments/):
   python experiments/alpha_table.py --cell configs/paper/ende_t5_small_t0.gin [--cell ...] \
       --output_dir runs/alpha_table [--gin_file=my_checkpoints.gin] [--gin.NUM_EXAMPLES=500]"""
 import sys
 
-from speculative_t5.cli import main
+from speculative_t5.commands import main
 
 if __name__ == "__main__":
     sys.exit(main(["alpha_table", *sys.argv[1:]]))

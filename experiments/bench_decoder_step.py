@@ -19,7 +19,7 @@ import platform
 import jax
 
 import speculative_t5 as st
-from speculative_t5.timing import decoder_step_bytes, step_times
+from speculative_t5.measure.timing import decoder_step_bytes, step_times
 
 
 def main():

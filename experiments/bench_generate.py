@@ -24,8 +24,8 @@ import jax
 import numpy as np
 
 import speculative_t5 as st
-from speculative_t5 import analysis
-from speculative_t5.timing import interleaved_medians, step_times
+from speculative_t5.measure import analysis
+from speculative_t5.measure.timing import interleaved_medians, step_times
 
 
 def main():

@@ -3,6 +3,7 @@
 shipped demo pair exported to Hugging Face format, beside ours (plain and speculative).
 
     python experiments/bench_hf.py [--num_examples 16] [--gamma 4] [--max_new_tokens 32]
+    python experiments/bench_hf.py --long     # inputs of 200-256 tokens, 48 new tokens
 
 CPU, greedy, same inputs, same maximum length. HF assisted generation runs only at batch
 1; ours runs at batch 1 and batch 8. HF's draft uses a constant gamma
@@ -33,7 +34,7 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 import speculative_t5 as st
 from speculative_t5.data import Vocabulary, pad_rows, tokenize
 from speculative_t5.data.demo_corpus import build_corpus
-from speculative_t5.demo import DEMO_DIR
+from speculative_t5.checkpoints.demo import DEMO_DIR
 
 
 def _trim(ids: np.ndarray) -> np.ndarray:
@@ -49,13 +50,20 @@ def main():
     p.add_argument("--input_len", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--min_input_tokens", type=int, default=0,
+                   help="only held-out inputs at least this long (before truncation)")
+    p.add_argument("--long", action="store_true",
+                   help="the long-input case: --min_input_tokens 200 --input_len 256 --max_new_tokens 48")
     p.add_argument("--json")
     args = p.parse_args()
+    if args.long:
+        args.min_input_tokens, args.input_len, args.max_new_tokens = 200, 256, 48
     torch.set_num_threads(args.threads)
 
     target_dir, draft_dir = os.path.join(DEMO_DIR, "target"), os.path.join(DEMO_DIR, "draft")
     vocab = Vocabulary(os.path.join(target_dir, "spiece.model"))
-    test = [e for e in build_corpus() if e["split"] == "test"][:args.num_examples]
+    test = [e for e in build_corpus() if e["split"] == "test"
+            and len(vocab.encode(e["input"])) >= args.min_input_tokens][:args.num_examples]
     x = tokenize([e["input"] for e in test], vocab, args.input_len)
     n, L, g = len(x), args.max_new_tokens, args.gamma
 
@@ -101,7 +109,7 @@ def main():
     tokens = sum(len(o) for o in ref)
     same = {k: sum(np.array_equal(a, b) for a, b in zip(o, ref)) for k, o in outputs.items()}
     print(f"demo pair ({ours_t.num_params() / 1e6:.1f}M target, {ours_d.num_params() / 1e6:.2f}M draft), "
-          f"{n} held-out inputs, greedy, gamma {g}, max {L} new tokens, CPU ({os.cpu_count()} cores, "
+          f"{n} held-out inputs ({int((x != 0).sum(1).mean())} tokens on average), greedy, gamma {g}, max {L} new tokens, CPU ({os.cpu_count()} cores, "
           f"{platform.machine()}), torch threads {args.threads}, medians of {args.repeats}")
     print(f"{'decoder':<18} {'tok/s':>8} {'vs HF assisted':>15} {'vs HF plain':>12} {'same tokens as ours':>20}")
     rows = []

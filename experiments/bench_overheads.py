@@ -1,57 +1,63 @@
-"""Benchmark: where a decode's time goes beyond the model steps eq. (5) counts, on the
-shipped demo pair, batch 1: the per-input fixed cost (encoder, cross-attention K/V, cache
-set-up, dispatch) and the loops' own per-iteration work (sampling, accept test, emit).
+"""Benchmark: where a decode's time goes, on the shipped demo pair, batch 1 — the cost
+model's parts (`speculative_t5.measure.costs`: per-input set-up of each model, target step
+T, verify pass v T, draft step c T, two-token draft call), and whole decodes measured beside
+the model's prediction, for short and long inputs.
 
-    python experiments/bench_overheads.py [--repeats 20]
+    python experiments/bench_overheads.py [--repeats 20] [--gamma 4] [--widths 32 256]
 
-EOS is switched off so every decode runs exactly max_decode_len tokens; the cost per token
-(plain) and per round (speculative, gamma 4) is the slope between two lengths, the fixed
-cost the intercept; beside them the model steps alone, timed inside a compiled loop.
-Medians of interleaved repetitions, compile excluded.
+EOS is switched off so every decode runs exactly its length: plain decodes of 2 and 6
+rounds' worth of tokens, speculative decodes of the same lengths. What the parts do not
+explain (measured - predicted) is printed per token (plain) and per round (speculative):
+the loops' own work (sampling, accept test, emit) and dispatch. Medians of interleaved
+repetitions, compile excluded; the machine is shared, so compare ratios.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 
-
 import speculative_t5 as st
 from speculative_t5.data import bucket
-from speculative_t5.model.api import init_cache
-from speculative_t5.timing import interleaved_medians, step_times
+from speculative_t5.measure.costs import measure_costs
+from speculative_t5.measure.timing import interleaved_medians
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--widths", type=int, nargs="+", default=[32, 256])
     args = p.parse_args()
     target, draft, _ = st.load_demo()
     target, draft = (st.Model(dataclasses.replace(m.config, eos_id=-1), m.params) for m in (target, draft))
-    x = bucket(list(range(5, 30)) + [1])                                       # [1, 32]
-    g, short, long = args.gamma, 2 * (args.gamma + 1), 6 * (args.gamma + 1)
-    fns = {"encode target": lambda: init_cache(target, x, long + g + 1),
-           "encode draft": lambda: init_cache(draft, x, long + g + 1)}
-    for n in (short, long):
-        fns[f"plain {n}"] = lambda n=n: st.generate(target, x, max_decode_len=n)
-        fns[f"spec {n}"] = lambda n=n: st.generate(target, x, draft=draft, gamma=g, max_decode_len=n)
-    med = {k: 1e3 * v for k, v in interleaved_medians(fns, args.repeats, warmup=2).items()}
-    steps = {k: 1e3 * v for k, v in step_times({"target_1": (target, 1), "draft_1": (draft, 1),
-                                                 "target_g": (target, g + 1)}, 1, 32, long + g + 1,
-                                                long // 2, args.repeats).items()}
-    rounds = {n: int(st.generate(target, x, draft=draft, gamma=g, max_decode_len=n).stats["target_calls"][0])
-              for n in (short, long)}
-    per_token = (med[f"plain {long}"] - med[f"plain {short}"]) / (long - short)
-    per_round = (med[f"spec {long}"] - med[f"spec {short}"]) / (rounds[long] - rounds[short])
-    model_round = steps["target_g"] + g * steps["draft_1"]
-    print(f"demo pair, batch 1, input 32 tokens, gamma {g}, EOS off, medians of {args.repeats} (ms)")
-    print(f"encoder + cross K/V + cache set-up: target {med['encode target']:.2f}, draft {med['encode draft']:.2f}")
-    print(f"plain: fixed {med[f'plain {short}'] - short * per_token:.2f}, per token {per_token:.2f} "
-          f"(target step alone {steps['target_1']:.2f}: loop work {per_token - steps['target_1']:.2f})")
-    print(f"spec:  fixed {med[f'spec {short}'] - rounds[short] * per_round:.2f}, per round {per_round:.2f} "
-          f"(model steps alone {model_round:.2f} = verify {steps['target_g']:.2f} + {g} x draft "
-          f"{steps['draft_1']:.2f}: loop work {per_round - model_round:.2f})")
-    print("raw medians:", {k: round(v, 2) for k, v in med.items()}, "rounds:", rounds)
+    g = args.gamma
+    lengths = (2 * (g + 1), 6 * (g + 1))
+    cache_len = lengths[1] + g + 1
+    print(f"demo pair, batch 1, gamma {g}, EOS off, medians of {args.repeats} (ms)")
+    for w in args.widths:
+        x = bucket(list(range(5, 5 + w - 1)) + [1], smallest=w)                # [1, w]
+        costs = measure_costs(target, draft, [g], [w], w, cache_len, args.repeats)
+        s = costs.setup[w]
+        print(f"\ninput width {w}: set-up target {1e3 * s['target']:.2f}, draft {1e3 * s['draft']:.2f}; "
+              f"T {1e3 * costs.target_step:.2f}, v {costs.v(g):.2f}, c {costs.c:.3f}, "
+              f"two-token draft call {1e3 * costs.draft_two:.2f}")
+        fns, outs = {}, {}
+        for n in lengths:
+            fns[("plain", n)] = lambda n=n: st.generate(target, x, max_decode_len=n)
+            fns[("spec", n)] = lambda n=n: st.generate(target, x, draft=draft, gamma=g, max_decode_len=n)
+            outs[("plain", n)], outs[("spec", n)] = fns[("plain", n)]().row(0), fns[("spec", n)]().row(0)
+        med = interleaved_medians(fns, args.repeats, warmup=1)
+        for n in lengths:
+            plain, spec = outs[("plain", n)], outs[("spec", n)]
+            pp = costs.plain_seconds(w, plain["target_calls"])
+            ps = costs.speculative_seconds(w, g, spec["target_calls"], spec["two_token_draft_calls"])
+            mp, ms = med[("plain", n)], med[("spec", n)]
+            print(f"  {n} tokens: plain {1e3 * mp:.2f} (predicted {1e3 * pp:.2f}, measured/predicted "
+                  f"{mp / pp:.3f}, {1e3 * (mp - pp) / plain['target_calls']:+.3f} per token); "
+                  f"spec {1e3 * ms:.2f} in {spec['target_calls']} rounds (predicted {1e3 * ps:.2f}, "
+                  f"{ms / ps:.3f}, {1e3 * (ms - ps) / spec['target_calls']:+.3f} per round); "
+                  f"speedup {mp / ms:.2f} vs predicted {pp / ps:.2f}")
 
 
 if __name__ == "__main__":

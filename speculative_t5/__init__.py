@@ -1,10 +1,21 @@
-"""speculative_t5: exact speculative decoding for T5 encoder-decoder models in JAX/Flax."""
+"""speculative_t5: exact speculative decoding for T5 encoder-decoder models in JAX/Flax.
+
+Layers, each importing only from those listed before it:
+  model, decoding, data      the T5 family; the model-free decode loops; inputs and tasks
+  checkpoints                Hugging Face, T5X and native I/O (and the shipped demo pair)
+  generate                   builds step functions from models and runs the loops
+  measure                    alpha, the paper's analysis, timing, the cost model
+  training                   train / distill
+  experiments                the paper drivers, the demo, plots, run directories
+  commands                   the `speculative-t5` command line
+"""
 from speculative_t5.model import (Model, T5Config, cast_params, decode, encode, forward,
                                   init_cache, init_model, param_axes, param_shapes, preset_names)
 
 __version__ = "0.1.0"
 from speculative_t5.checkpoints import (CheckpointError, detect_format, export_hf,
                                         load_checkpoint, save_checkpoint)
-from speculative_t5.decoding import GenerateOutput, generate
+from speculative_t5.checkpoints.demo import load_demo
+from speculative_t5.decoding import GenerateOutput, SamplingConfig
+from speculative_t5.generate import generate
 from speculative_t5 import data
-from speculative_t5.demo import load_demo

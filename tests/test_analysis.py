@@ -1,7 +1,7 @@
 """The paper's formulas, checked against the numbers the paper quotes."""
 import pytest
 
-from speculative_t5 import analysis
+from speculative_t5.measure import analysis
 
 
 def test_eq1_tokens_per_call_paper_values():

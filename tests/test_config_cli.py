@@ -10,7 +10,7 @@ import pytest
 
 import speculative_t5 as st
 from helpers import HF_CONFIGS, decoder_inputs, make_hf_model, random_ids, save_hf_dir
-from speculative_t5 import cli
+from speculative_t5 import commands as cli
 from speculative_t5.model.config import gin_t5_config
 
 # (emb, heads, head_dim, enc layers, dec layers, mlp) from T5X's published gin files

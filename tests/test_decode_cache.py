@@ -86,7 +86,7 @@ def test_recomputed_cross_attention_equals_cached(model):
     x = jnp.asarray(random_ids(rng, 2, 7, V, pad_tail=[0, 2]))
     y = jnp.asarray(decoder_inputs(rng, 2, 5, V))
     a, _ = st.decode(model, st.init_cache(model, x, 8), y, jnp.zeros(2, jnp.int32))
-    b, _ = st.decode(model, st.init_cache(model, x, 8, recompute_cross=True), y,
+    b, _ = st.decode(model, st.init_cache(model, x, 8, recompute_cross_attention=True), y,
                      jnp.zeros(2, jnp.int32))
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
 

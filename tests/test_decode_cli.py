@@ -8,7 +8,7 @@ import pytest
 
 import speculative_t5 as st
 from helpers import tiny_config, train_sentencepiece
-from speculative_t5 import cli
+from speculative_t5 import commands as cli
 
 
 @pytest.fixture(scope="module")

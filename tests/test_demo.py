@@ -6,11 +6,13 @@ import numpy as np
 import pytest
 
 import speculative_t5 as st
-from speculative_t5 import cli
-from speculative_t5.demo import DEMO_DIR
+from speculative_t5 import commands as cli
+from speculative_t5.checkpoints.demo import DEMO_DIR
 
 KEYS = ("alpha", "c", "v", "gamma", "tokens_per_target_call", "speedup_measured",
-        "speedup_predicted", "speedup_predicted_paper")
+        "speedup_predicted", "speedup_predicted_paper", "speedup_predicted_full",
+        "measured_over_full")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_shipped_pair_loads_and_is_small():
@@ -58,13 +60,27 @@ def test_demo_command_end_to_end(tmp_path):
         img = mpimg.imread(os.path.join(out, name))
         assert img.shape[0] > 100 and img.shape[1] > 100 and img.std() > 0
     report = open(os.path.join(out, "report.md")).read()
-    assert "speedup" in report and "tokens_per_call.png" in report
+    assert "speedup" in report and "tokens_per_call.png" in report and "cost model" in report
+    # the measurements are the drivers' run directories
+    for run in ("walltime/docstrings_t0", "walltime/docstrings_t1", "gamma_sweep/docstrings_t0"):
+        assert os.path.exists(os.path.join(out, run, "examples.jsonl")), run
+    assert s["measured_over_full"] == pytest.approx(s["speedup_measured"] / s["speedup_predicted_full"])
+    assert s["speedup_predicted_full"] > 0 and set(s["setup_ms"]) >= {"32"}
 
 
-def test_bucketed_widths():
-    from speculative_t5.demo import bucketed
-    x = np.zeros((4, 128), np.int32)
-    for row, n in enumerate([3, 33, 64, 128]):
-        x[row, :n] = 5
-    assert [b.shape for b in bucketed(x)] == [(1, 32), (1, 64), (1, 64), (1, 128)]
-    assert all((b[0] == x[i, :b.shape[1]]).all() for i, b in enumerate(bucketed(x)))
+def test_demo_cells_are_the_configs_demo_cells():
+    """The demo is the paper drivers over configs/demo/*.gin: with its defaults it writes
+    exactly those cells; a changed gamma / temperature / pair is a changed cell."""
+    from speculative_t5.experiments.demo import CELLS, cell_text
+    for name in CELLS:
+        with open(os.path.join(REPO, "configs", "demo", name + ".gin")) as f:
+            assert cell_text(name) == f.read()
+    changed = cell_text("docstrings_t1", gamma=3, temperature=0.7, target="/t", draft="/d", vocab="/v")
+    assert "GAMMA = 3" in changed and "TEMPERATURE = 0.7" in changed
+    assert "TARGET_CHECKPOINT = '/t'" in changed and "VOCABULARY = '/v'" in changed
+
+
+def test_bucket_widths():
+    from speculative_t5.data import bucket
+    assert [bucket([5] * n).shape for n in (3, 33, 64, 128)] == [(1, 32), (1, 64), (1, 64), (1, 128)]
+    assert bucket([5, 6, 1])[0].tolist() == [5, 6, 1] + [0] * 29

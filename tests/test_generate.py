@@ -7,7 +7,7 @@ import pytest
 
 import speculative_t5 as st
 from helpers import random_ids, tiny_config
-from speculative_t5.decoding.generate import _generate
+from speculative_t5.generate import _generate
 
 MAX_LEN = 23  # not a multiple of gamma + 1 for any gamma tested
 
@@ -51,6 +51,8 @@ def _check_stats(out, gamma):
     np.testing.assert_array_equal(s["draft_calls"], gamma * s["target_calls"])
     assert (s["accepted_at"] <= s["reached_at"]).all()
     np.testing.assert_array_equal(s["reached_at"][:, 0], s["target_calls"])
+    # a two-token draft call follows a round that emitted gamma+1 tokens, never the first
+    assert (s["two_token_draft_calls"] <= np.minimum(hist[:, gamma], s["target_calls"] - 1)).all()
 
 
 @pytest.mark.parametrize("kind", ["same", "random", "perturbed"])
@@ -58,6 +60,9 @@ def _check_stats(out, gamma):
 def test_greedy_speculative_equals_plain(target, drafts, inputs, plain, kind, gamma):
     out = st.generate(target, inputs, draft=drafts[kind], gamma=gamma, max_decode_len=MAX_LEN)
     np.testing.assert_array_equal(out.tokens, plain.tokens)
+    if kind == "same":  # every round sweeps: each round after the first feeds two tokens
+        np.testing.assert_array_equal(out.stats["two_token_draft_calls"],
+                                      out.stats["target_calls"] - 1)
     np.testing.assert_array_equal(out.lengths, plain.lengths)
     _check_stats(out, gamma)
     rate = out.summary()["acceptance_rate"]
@@ -109,12 +114,14 @@ def test_compiled_once_and_one_while_loop(target, drafts, inputs):
     before = _generate._cache_size()
     for seed in (2, 3):
         st.generate(target, inputs[::-1].copy(), rng=jax.random.PRNGKey(seed), **kw)
+    # the temperature is traced: greedy and any other temperature share the program
+    for temperature in (0.0, 1.3):
+        st.generate(target, inputs, **dict(kw, temperature=temperature))
     assert _generate._cache_size() == before
-    from speculative_t5.decoding.sampling import SamplingConfig
 
     def jaxpr(max_len):
         return str(jax.make_jaxpr(lambda t, d, x, r: _generate(
-            t, d, x, r, gamma=3, max_decode_len=max_len, sampling=SamplingConfig(0.7, 0, 1.0),
+            t, d, x, r, jnp.float32(0.7), gamma=3, max_decode_len=max_len, top_k=0, top_p=1.0,
             lenience=1.0, recompute_cross_attention=False))(
                 target, drafts["perturbed"], jnp.asarray(inputs), jax.random.PRNGKey(0)))
 
@@ -123,6 +130,19 @@ def test_compiled_once_and_one_while_loop(target, drafts, inputs):
     assert short.count("scan[") + short.count("while[") >= 2  # ... and the draft loop in it
     # no Python loop over rounds or tokens: the program does not grow with the length
     assert len(short.splitlines()) == len(long.splitlines())
+
+
+def test_sampling_config_beside_the_loose_floats(target, drafts, inputs):
+    kw = dict(draft=drafts["perturbed"], gamma=3, max_decode_len=11, rng=jax.random.PRNGKey(4))
+    loose = st.generate(target, inputs, temperature=0.8, top_k=5, top_p=0.9, **kw)
+    config = st.generate(target, inputs, sampling=st.SamplingConfig(0.8, 5, 0.9), **kw)
+    np.testing.assert_array_equal(loose.tokens, config.tokens)
+    with pytest.raises(ValueError, match="either sampling"):
+        st.generate(target, inputs, sampling=st.SamplingConfig(0.8), temperature=0.8)
+    with pytest.raises(ValueError, match="top_p"):
+        st.generate(target, inputs, sampling=st.SamplingConfig(1.0, 0, 0.0))
+    with pytest.raises(TypeError, match="SamplingConfig"):
+        st.generate(target, inputs, sampling={"temperature": 1.0})
 
 
 def test_bad_arguments_are_named(target, drafts, inputs):

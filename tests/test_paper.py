@@ -12,10 +12,11 @@ import pytest
 
 import speculative_t5 as st
 from helpers import tiny_config, train_sentencepiece
-from speculative_t5 import cli, paper, training  # noqa: F401 (training: gin configurables)
+from speculative_t5 import commands as cli, training  # noqa: F401 (training: gin configurables)
+from speculative_t5.experiments import drivers as paper
 from speculative_t5.data import tasks
-from speculative_t5.paper.cells import build_cell
-from speculative_t5.rundir import RunDir
+from speculative_t5.experiments.cells import build_cell
+from speculative_t5.experiments.rundir import RunDir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECKPOINT_MACROS = [f"{t}_T5_1_1_{d} = '/ckpt/{t}_{d}'" for t in ("ENDE", "CNNDM")
@@ -130,11 +131,29 @@ def test_walltime_table_end_to_end_and_flags(tmp_path, pair, spm):
     assert all(set(r["seconds"]) == {"plain", "plain_t5x", "spec"} for r in recs)
     row = dict(zip(*[line.split(",") for line in open(os.path.join(out, "summary.csv")).read().splitlines()]))
     assert row["cell"] == "ende_t0" and float(row["identical_fraction"]) == 1.0
+    # float32: plain greedy in a batch of 4 gives the batch-1 tokens (the noise floor is 1)
+    assert float(row["plain_batch_identical_fraction"]) == 1.0
+    noise = json.load(open(os.path.join(out, "ende_t0", "noise_floor.json")))
+    assert noise["batch"] == 4 and set(noise["identical"]) == {"validation-0", "validation-1"}
     assert 0 <= float(row["alpha"]) <= 1 and float(row["c"]) > 0 and float(row["v"]) > 0
     assert float(row["weights_gb_per_s"]) > 0 and float(row["tokens_per_s_spec"]) > 0
     assert float(row["bleu_plain"]) == float(row["bleu_spec"])
     tpc = float(row["tokens_per_target_call"])
     assert 1 <= tpc <= 3
+    # the cost model: the measured parts in timing.json, combined by the formula written
+    # out here, give the row's full prediction; measured / predicted is their ratio
+    costs = json.load(open(os.path.join(out, "ende_t0", "timing.json")))["costs"]
+    setup = costs["setup"]
+    plain = sum(setup[str(r["width"])]["target"] + r["plain"]["target_calls"] * costs["target_step"]
+                for r in recs)
+    spec = sum(setup[str(r["width"])]["target"] + setup[str(r["width"])]["draft"]
+               + r["spec"]["target_calls"] * (costs["verify"]["2"] + 2 * costs["draft_step"])
+               + r["spec"]["two_token_draft_calls"] * (costs["draft_two"] - costs["draft_step"])
+               for r in recs)
+    assert float(row["speedup_predicted_full"]) == pytest.approx(plain / spec, rel=1e-3)
+    assert float(row["measured_over_full"]) == pytest.approx(
+        float(row["speedup_measured"]) / float(row["speedup_predicted_full"]), rel=1e-3)
+    assert all(r["plain"]["target_calls"] == r["plain"]["length"] for r in recs)
     config = open(os.path.join(out, "ende_t0", "config.gin")).read()
     assert "walltime_cell.timing_rounds = 2" in config and "tfds" in config.split("TFDS_DATA_DIR")[1]
     # the same directory with another config is refused, not mixed

@@ -5,7 +5,7 @@ import numpy as np
 
 import speculative_t5 as st
 from helpers import tiny_config
-from speculative_t5.timing import _steps, decoder_step_bytes, step_times
+from speculative_t5.measure.timing import _steps, decoder_step_bytes, step_times
 
 
 def test_loop_steps_feed_each_argmax_to_the_next_step():

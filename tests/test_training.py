@@ -7,7 +7,7 @@ import pytest
 
 import speculative_t5 as st
 from speculative_t5 import training
-from speculative_t5.alpha import measure_alpha
+from speculative_t5.measure.alpha import measure_alpha
 from speculative_t5.data import demo_corpus
 from speculative_t5.decoding.sampling import SamplingConfig
 

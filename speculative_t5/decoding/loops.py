@@ -11,7 +11,7 @@ model's output at position j predicts y_{j+1}.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, NamedTuple, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +23,30 @@ Array = jax.Array
 StepFn = Callable[[Any, Array, Array], Tuple[Array, Any]]
 
 
+class PlainState(NamedTuple):
+    seq: Array          # [B, max_len + 2] start token, then the emitted tokens
+    m: Array            # [B] tokens emitted so far
+    done: Array         # [B] row finished (EOS or max_len)
+    cache: Any          # the target's cache
+    rng: Array
+    stats: Dict[str, Array]
+
+
+class SpeculativeState(NamedTuple):
+    seq: Array          # [B, max_len + 2]
+    m: Array            # [B]
+    done: Array         # [B]
+    swept: Array        # [B] the last round accepted every draft (the draft missed x_gamma)
+    target_cache: Any
+    draft_cache: Any
+    rng: Array
+    stats: Dict[str, Array]
+
+
+def _running(state) -> Array:
+    return ~jnp.all(state.done)
+
+
 def _take(seq: Array, cols: Array) -> Array:
     """seq [B, N] at per-row columns cols [B, K] -> [B, K]."""
     return jnp.take_along_axis(seq, cols, axis=1)
@@ -31,21 +55,19 @@ def _take(seq: Array, cols: Array) -> Array:
 def plain_decode(step: StepFn, cache: Any, batch: int, max_len: int, eos_id: int,
                  sampling: SamplingConfig, rng: Array):
     """T5X `temperature_sample` semantics: one target call per emitted token."""
-    seq = jnp.zeros((batch, max_len + 2), jnp.int32)
-    m = jnp.zeros((batch,), jnp.int32)
-    state = (seq, m, jnp.zeros((batch,), bool), cache, rng, init_stats(batch, 0))
+    state = PlainState(jnp.zeros((batch, max_len + 2), jnp.int32), jnp.zeros((batch,), jnp.int32),
+                       jnp.zeros((batch,), bool), cache, rng, init_stats(batch, 0))
 
-    def body(state):
-        seq, m, done, cache, rng, stats = state
-        rng, key = jax.random.split(rng)
-        logits, cache = step(cache, _take(seq, m[:, None]), m)                 # [B, 1, V]
+    def body(s: PlainState) -> PlainState:
+        rng, key = jax.random.split(s.rng)
+        logits, cache = step(s.cache, _take(s.seq, s.m[:, None]), s.m)        # [B, 1, V]
         token = choose(key, adjust(logits[:, 0], sampling), sampling.greedy)   # [B]
-        seq, m, new_done, emitted = emit(seq, m, done, token[:, None], jnp.ones_like(m),
-                                         eos_id, max_len)
-        return seq, m, new_done, cache, rng, record_call(stats, ~done, emitted, 0)
+        seq, m, done, emitted = emit(s.seq, s.m, s.done, token[:, None], jnp.ones_like(s.m),
+                                     eos_id, max_len)
+        return PlainState(seq, m, done, cache, rng, record_call(s.stats, ~s.done, emitted, 0))
 
-    seq, m, _, _, _, stats = jax.lax.while_loop(lambda s: ~jnp.all(s[2]), body, state)
-    return seq[:, 1:max_len + 1], m, stats
+    s = jax.lax.while_loop(_running, body, state)
+    return s.seq[:, 1:max_len + 1], s.m, s.stats
 
 
 def speculative_decode(target: StepFn, target_cache: Any, draft: StepFn, draft_cache: Any,
@@ -53,15 +75,15 @@ def speculative_decode(target: StepFn, target_cache: Any, draft: StepFn, draft_c
                        sampling: SamplingConfig, rng: Array, lenience: float = 1.0):
     """Algorithm 1 of Leviathan et al. (2023), batched; every row emits >= 1 token a round."""
     greedy = sampling.greedy
-    seq = jnp.zeros((batch, max_len + 2), jnp.int32)
-    m = jnp.zeros((batch,), jnp.int32)
     no = jnp.zeros((batch,), bool)
-    state = (seq, m, no, no, target_cache, draft_cache, rng, init_stats(batch, gamma))
+    state = SpeculativeState(jnp.zeros((batch, max_len + 2), jnp.int32),
+                             jnp.zeros((batch,), jnp.int32), no, no, target_cache, draft_cache,
+                             rng, init_stats(batch, gamma))
     steps = jnp.arange(gamma + 1)[None, :]                                     # [1, G+1]
 
-    def round_(state):
-        seq, m, done, swept, tcache, dcache, rng, stats = state
-        rng, k_draft, k_verify = jax.random.split(rng, 3)
+    def round_(s: SpeculativeState) -> SpeculativeState:
+        seq, m = s.seq, s.m
+        rng, k_draft, k_verify = jax.random.split(s.rng, 3)
 
         # 1. Draft gamma tokens. After a round that accepted every draft, the draft never
         #    saw x_gamma (position m-1): then the first call feeds positions m-1 and m.
@@ -74,7 +96,8 @@ def speculative_decode(target: StepFn, target_cache: Any, draft: StepFn, draft_c
             logits, dcache = draft(dcache, _take(seq, m[:, None]), m)
             return logits[:, 0], dcache
 
-        logits, dcache = jax.lax.cond(jnp.any(swept & ~done), feed_two, feed_one, dcache)
+        logits, dcache = jax.lax.cond(jnp.any(s.swept & ~s.done), feed_two, feed_one,
+                                      s.draft_cache)
         q1 = adjust(logits, sampling)                                          # [B, V]
         x1 = choose(jax.random.fold_in(k_draft, 0), q1, greedy)                # [B]
         qs = jnp.zeros((batch, gamma) + q1.shape[-1:], jnp.float32).at[:, 0].set(q1)
@@ -91,17 +114,17 @@ def speculative_decode(target: StepFn, target_cache: Any, draft: StepFn, draft_c
 
         # 2. Verify: one target call over [y_m, x_1..x_gamma] -> p_1..p_{gamma+1}.
         tokens = jnp.concatenate([_take(seq, m[:, None]), xs], axis=1)         # [B, G+1]
-        logits, tcache = target(tcache, tokens, m)                             # [B, G+1, V]
+        logits, tcache = target(s.target_cache, tokens, m)                     # [B, G+1, V]
         p = adjust(logits, sampling)
 
         # 3-4. Accept a prefix of n drafts, then one token from the target's side.
         n, nxt, accepted = verify(k_verify, p, qs, xs, greedy, lenience)
         new = jnp.where(steps < n[:, None], jnp.pad(xs, ((0, 0), (0, 1))),
                         jnp.where(steps == n[:, None], nxt[:, None], 0))       # [B, G+1]
-        seq, m, new_done, emitted = emit(seq, m, done, new, n + 1, eos_id, max_len)
+        seq, m, done, emitted = emit(seq, m, s.done, new, n + 1, eos_id, max_len)
         reached = jnp.pad(accepted[:, :-1], ((0, 0), (1, 0)), constant_values=True)
-        stats = record_call(stats, ~done, emitted, gamma, accepted, reached)
-        return seq, m, new_done, n == gamma, tcache, dcache, rng, stats
+        stats = record_call(s.stats, ~s.done, emitted, gamma, accepted, reached, s.swept)
+        return SpeculativeState(seq, m, done, n == gamma, tcache, dcache, rng, stats)
 
-    seq, m, *_, stats = jax.lax.while_loop(lambda s: ~jnp.all(s[2]), round_, state)
-    return seq[:, 1:max_len + 1], m, stats
+    s = jax.lax.while_loop(_running, round_, state)
+    return s.seq[:, 1:max_len + 1], s.m, s.stats

@@ -3,7 +3,7 @@ EOS and the length cap) and the per-row statistics."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict
+from typing import Any, Dict, List, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -32,45 +32,72 @@ def emit(seq: Array, m: Array, done: Array, new: Array, count: Array, eos_id: in
     return seq, m, done, emitted
 
 
+def per_call(tokens: float, calls: float) -> float:
+    """Tokens per target call (0 when no call was made)."""
+    return tokens / calls if calls else 0.0
+
+
+def combine(rows: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """Totals over per-row records (`GenerateOutput.row`, from one decode or many, or read
+    back from JSONL): tokens, target and draft calls, tokens per target call and its
+    histogram, and the acceptance rate (accepted drafts / drafts proposed)."""
+    tokens = sum(r["length"] for r in rows)
+    calls = sum(r["target_calls"] for r in rows)
+    proposed = sum(r["draft_calls"] for r in rows)  # every draft call proposes one token
+    hist = np.sum([r["tokens_per_call_hist"] for r in rows], axis=0) if rows else np.zeros(1)
+    return {"tokens": tokens, "target_calls": calls, "draft_calls": proposed,
+            "tokens_per_target_call": per_call(tokens, calls),
+            "tokens_per_call_histogram": np.asarray(hist).astype(int).tolist(),
+            "acceptance_rate": per_call(sum(r["accepted"] for r in rows), proposed)}
+
+
 @dataclasses.dataclass
 class GenerateOutput:
     """tokens int32 [B, max_decode_len] (0 after EOS), lengths int32 [B] (EOS included),
-    stats: per-row arrays (see `summary()` for the batch totals)."""
+    stats: per-row arrays (`row(i)` for one row as plain numbers, `summary()` for totals)."""
     tokens: np.ndarray
     lengths: np.ndarray
     stats: Dict[str, Any]
 
-    def summary(self) -> Dict[str, Any]:
-        """Batch totals: calls, tokens, tokens per target call and its histogram,
-        acceptance rate (accepted drafts / drafts proposed) and per-position rates."""
+    def row(self, i: int) -> Dict[str, Any]:
+        """Row i's statistics as plain numbers (what a JSONL record stores)."""
         s = self.stats
-        tokens = int(np.sum(self.lengths))
-        calls = int(np.sum(s["target_calls"]))
-        out = {"tokens": tokens, "target_calls": calls,
-               "draft_calls": int(np.sum(s["draft_calls"])),
-               "tokens_per_target_call": tokens / max(calls, 1),
-               "tokens_per_call_histogram": np.sum(s["tokens_per_call_hist"], 0).tolist(),
-               "exact": bool(s["exact"]), "gamma": int(s["gamma"])}
+        return {"length": int(self.lengths[i]), "target_calls": int(s["target_calls"][i]),
+                "draft_calls": int(s["draft_calls"][i]),
+                "tokens_per_call_hist": np.asarray(s["tokens_per_call_hist"][i]).tolist(),
+                "two_token_draft_calls": int(s["two_token_draft_calls"][i]),
+                "accepted": int(np.sum(s["accepted_at"][i]))}
+
+    def rows(self) -> List[Dict[str, Any]]:
+        return [self.row(i) for i in range(len(self.lengths))]
+
+    def summary(self) -> Dict[str, Any]:
+        """Batch totals (`combine` over the rows), whether the decode was exact, and the
+        acceptance rate at each draft position (accepted / reached)."""
+        s = self.stats
+        out = dict(combine(self.rows()), exact=bool(s["exact"]), gamma=int(s["gamma"]))
         if s["gamma"]:
-            proposed = np.sum(s["draft_calls"])  # every draft call proposes one token
-            out["acceptance_rate"] = float(np.sum(s["accepted_at"]) / max(proposed, 1))
             reached = np.sum(s["reached_at"], 0)
             out["acceptance_rate_by_position"] = (
                 np.sum(s["accepted_at"], 0) / np.maximum(reached, 1)).tolist()
+        else:
+            out.pop("acceptance_rate")
         return out
 
 
 def init_stats(batch: int, gamma: int) -> Dict[str, Array]:
     z = jnp.zeros((batch,), jnp.int32)
-    return {"target_calls": z, "draft_calls": z,
+    return {"target_calls": z, "draft_calls": z, "two_token_draft_calls": z,
             "tokens_per_call_hist": jnp.zeros((batch, gamma + 1), jnp.int32),
             "accepted_at": jnp.zeros((batch, gamma), jnp.int32),
             "reached_at": jnp.zeros((batch, gamma), jnp.int32)}
 
 
 def record_call(stats: Dict[str, Array], active: Array, emitted: Array, gamma: int,
-                accepted: Array | None = None, reached: Array | None = None) -> Dict[str, Array]:
-    """Count one target call (and its gamma draft calls) for the rows that were active."""
+                accepted: Array | None = None, reached: Array | None = None,
+                two_token: Array | None = None) -> Dict[str, Array]:
+    """Count one target call (and its gamma draft calls, `two_token` [B] when the first of
+    them fed two tokens) for the rows that were active."""
     a = active.astype(jnp.int32)                                               # [B]
     hist = jax.nn.one_hot(emitted - 1, gamma + 1, dtype=jnp.int32) * a[:, None]
     new = dict(stats, target_calls=stats["target_calls"] + a,
@@ -79,4 +106,5 @@ def record_call(stats: Dict[str, Array], active: Array, emitted: Array, gamma: i
     if accepted is not None:
         new["accepted_at"] = stats["accepted_at"] + accepted.astype(jnp.int32) * a[:, None]
         new["reached_at"] = stats["reached_at"] + reached.astype(jnp.int32) * a[:, None]
+        new["two_token_draft_calls"] = stats["two_token_draft_calls"] + two_token.astype(jnp.int32) * a
     return new

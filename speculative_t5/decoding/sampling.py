@@ -7,7 +7,7 @@ from (HF #32867 is the bug this avoids).
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Tuple
+from typing import Any, NamedTuple, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -16,14 +16,20 @@ Array = jax.Array
 
 
 class SamplingConfig(NamedTuple):
-    """Static (hashable) sampling settings; temperature 0 means argmax."""
-    temperature: float = 0.0
+    """Sampling settings; temperature 0 means argmax. top_k and top_p are static; the
+    temperature may also be a traced scalar, so one compiled program serves every
+    temperature, 0 included (see `greedy`)."""
+    temperature: Any = 0.0
     top_k: int = 0
     top_p: float = 1.0
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Argmax known when tracing (a Python 0.0). A traced temperature takes the sampling
+        path, which at temperature 0 is argmax too, token for token: `adjust` gives one-hot
+        p and q, sampling a one-hot gives its token, and the accept test u q(x) < p(x)
+        accepts exactly the drafts that are the target's argmax."""
+        return isinstance(self.temperature, (int, float)) and self.temperature == 0.0
 
     def validate(self) -> "SamplingConfig":
         if not isinstance(self.temperature, (int, float)) or not self.temperature >= 0:
@@ -42,9 +48,11 @@ def adjust(logits: Array, cfg: SamplingConfig) -> Array:
     logits (ties at the k-th value kept); top-p keeps the smallest prefix of the sorted
     distribution whose mass reaches p (the top token always kept)."""
     logits = logits.astype(jnp.float32)
+    argmax = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
     if cfg.greedy:
-        return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
-    logits = logits / cfg.temperature
+        return argmax
+    t = jnp.asarray(cfg.temperature, jnp.float32)
+    logits = logits / jnp.where(t > 0, t, 1.0)
     if 0 < cfg.top_k < logits.shape[-1]:
         kth = jax.lax.top_k(logits, cfg.top_k)[0][..., -1:]                    # [..., 1]
         logits = jnp.where(logits < kth, -jnp.inf, logits)
@@ -56,7 +64,7 @@ def adjust(logits: Array, cfg: SamplingConfig) -> Array:
         keep = jnp.zeros_like(keep_sorted).at[
             tuple(jnp.indices(order.shape)[:-1]) + (order,)].set(keep_sorted)
         logits = jnp.where(keep, logits, -jnp.inf)
-    return jax.nn.softmax(logits, axis=-1)
+    return jnp.where(t > 0, jax.nn.softmax(logits, axis=-1), argmax)
 
 
 def sample(rng: Array, probs: Array) -> Array:

@@ -99,13 +99,15 @@ def encode(model: Model, input_ids: Array) -> Array:
     return model.module.apply({"params": model.params}, input_ids, method=T5.encode)
 
 
-@functools.partial(jax.jit, static_argnames=("max_len", "recompute_cross"))
-def init_cache(model: Model, input_ids: Array, max_len: int, recompute_cross: bool = False,
+@functools.partial(jax.jit, static_argnames=("max_len", "recompute_cross_attention"))
+def init_cache(model: Model, input_ids: Array, max_len: int,
+               recompute_cross_attention: bool = False,
                encoded: Array | None = None) -> Dict[str, Any]:
     """Run the encoder and allocate the decoder cache for `max_len` decoder positions.
 
     cache = {'self': [{'k','v'}: [B, max_len, H, D]] per layer (zeros),
-             'cross': [(k, v): [B, S, H, D]] per layer, or None when `recompute_cross`
+             'cross': [(k [B, H, D, S], v [B, H, S, D])] per layer, or None when
+                      `recompute_cross_attention`
                       (then every step recomputes them from 'encoded', as T5X's example does),
              'encoded': [B, S, E], 'encoder_mask': [B, S] bool}
     Jitted; traceable inside another jit."""
@@ -114,7 +116,7 @@ def init_cache(model: Model, input_ids: Array, max_len: int, recompute_cross: bo
         encoded = encode(model, input_ids)
     B = input_ids.shape[0]
     zeros = jnp.zeros((B, max_len, c.num_heads, c.head_dim), c.jnp_dtype)
-    cross = None if recompute_cross else model.module.apply(
+    cross = None if recompute_cross_attention else model.module.apply(
         {"params": model.params}, encoded, method=T5.cross_kv)
     return {"self": [{"k": zeros, "v": zeros} for _ in range(c.num_decoder_layers)],
             "cross": cross, "encoded": encoded, "encoder_mask": input_ids != c.pad_id}

@@ -11,8 +11,8 @@ import gin
 
 def gin_root() -> str:
     """The directory holding the reusable gin blocks (`models/t5_1_1/base.gin`, ...)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    for candidate in (os.path.join(here, "gin"), os.path.join(os.path.dirname(here), "gin")):
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # speculative_t5/
+    for candidate in (os.path.join(package, "gin"), os.path.join(os.path.dirname(package), "gin")):
         if os.path.isdir(os.path.join(candidate, "models")):
             return candidate
     raise FileNotFoundError("speculative_t5's gin/ directory is missing from this installation")

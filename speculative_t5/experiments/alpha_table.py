@@ -10,14 +10,14 @@ from typing import Any, Dict, List
 import gin
 import jax
 import numpy as np
+from tqdm import tqdm
 
-from speculative_t5 import plots
-from speculative_t5.alpha import alpha_of, overlap_sums
-from speculative_t5.data import bucket, pad_rows, pad_to
-from speculative_t5.decoding import generate
-from speculative_t5.paper import grid
-from speculative_t5.paper.cells import Cell
-from speculative_t5.rundir import RunDir
+from speculative_t5.experiments import plots
+from speculative_t5.measure.alpha import alpha_of, overlap_sums
+from speculative_t5.data import pad_rows
+from speculative_t5.generate import generate
+from speculative_t5.experiments.cells import Cell
+from speculative_t5.experiments.rundir import RunDir
 
 
 @gin.configurable(denylist=["cell", "run"])
@@ -26,23 +26,21 @@ def alpha_cell(cell: Cell, run: RunDir, batch_size: int = 8, quiet: bool = False
     same samples, whether or not the run was interrupted), then summarize the cell."""
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"alpha_cell.batch_size must be an int >= 1, got {batch_size!r}")
-    todo = grid.todo(cell, run)
+    todo = cell.todo(run.done)
     if todo:
         target, draft, vocab = cell.load_models()
-        sampling = grid.sampling_of(cell)
+        sampling = cell.sampling
         missing = {i for i, _ in todo}
-        with grid.progress(len(todo), cell.name, quiet) as bar:
+        with tqdm(total=len(todo), desc=cell.name, unit="ex", disable=quiet) as bar:
             for start in range(0, len(cell.examples), batch_size):
                 idx = list(range(start, min(start + batch_size, len(cell.examples))))
                 if not missing.intersection(idx):
                     continue
                 exs = [cell.examples[i] for i in idx]
-                width = max(bucket(e["inputs"]).shape[1] for e in exs)
-                x = pad_rows(pad_to([e["inputs"] for e in exs], width), batch_size)  # [B, W]
+                x = pad_rows(cell.padded(exs), batch_size)                         # [B, W]
                 rng = jax.random.fold_in(jax.random.PRNGKey(cell.seed), start)
                 out = generate(target, x, max_decode_len=cell.max_decode_len,
-                               temperature=cell.temperature, top_k=cell.top_k,
-                               top_p=cell.top_p, rng=rng)
+                               sampling=sampling, rng=rng)
                 sums = overlap_sums(target, draft, x, out.tokens, sampling)
                 for row, (i, e) in enumerate(zip(idx, exs)):
                     if i not in missing:
@@ -55,7 +53,7 @@ def alpha_cell(cell: Cell, run: RunDir, batch_size: int = 8, quiet: bool = False
 
 
 def summarize(cell: Cell, run: RunDir) -> Dict[str, Any]:
-    recs = grid.in_cell_order(cell, run.records())
+    recs = cell.in_order(run.records())
     labels = cell.labels()
     labels.pop("gamma")
     row = dict(labels, **alpha_of(recs), paper_alpha=cell.paper["alpha"],

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative_t5.decoding import generate
+from speculative_t5.generate import generate
 from speculative_t5.model.api import Model, decode, init_cache
 
 
@@ -63,6 +63,15 @@ def step_timer(model: Model, batch: int, K: int, input_len: int = 32, max_len: i
     return run
 
 
+def setup_timer(model: Model, width: int, cache_len: int, seed: int = 0) -> Callable[[], Any]:
+    """A no-argument function doing one input's per-decode set-up: the encoder over
+    [1, width] tokens, the cross-attention keys/values and the cache allocation (one jitted
+    call, as a decode's program starts with them)."""
+    x = jnp.asarray(np.random.RandomState(seed).randint(2, model.config.vocab_size, (1, width)),
+                    jnp.int32)
+    return lambda: init_cache(model, x, cache_len)
+
+
 def step_times(specs: Dict[str, Tuple[Model, int]], batch: int = 1, input_len: int = 32,
                max_len: int = 64, pos: int = 16, rounds: int = 20, steps: int = 16,
                warmup: int = 2) -> Dict[str, float]:
@@ -98,8 +107,7 @@ def timed_decodes(model: Model, variants: Dict[str, Dict[str, Any]], input_ids, 
     out = {}
     for name, kwargs in variants.items():
         t0 = time.perf_counter()
-        res = generate(model, input_ids, max_decode_len=max_decode_len,
-                       temperature=sampling.temperature, top_k=sampling.top_k,
-                       top_p=sampling.top_p, rng=rng, **kwargs)
+        res = generate(model, input_ids, max_decode_len=max_decode_len, sampling=sampling,
+                       rng=rng, **kwargs)
         out[name] = (res, time.perf_counter() - t0)
     return out

@@ -1,5 +1,8 @@
 """`st.generate`: validate arguments, build the models' step functions, run one jitted
-program (the encoders, the cache set-up and the whole decode loop) per shape/config."""
+program (the encoders, the cache set-up and the whole decode loop) per shape/config.
+
+This is the layer above both the model and the loops (T5X's split: the model side builds
+`tokens_to_logits`, the decode loops know no model)."""
 from __future__ import annotations
 
 import functools
@@ -15,25 +18,29 @@ from speculative_t5.decoding.sampling import SamplingConfig
 from speculative_t5.model.api import Model, decode, init_cache
 
 
-def _step_fn(model: Model):
+def step_fn(model: Model):
+    """The model as the loops see it: logits [B, K, V], cache = step(cache, tokens [B, K], pos [B])."""
     return functools.partial(decode, model)
 
 
-@functools.partial(jax.jit, static_argnames=("gamma", "max_decode_len", "sampling", "lenience",
-                                             "recompute_cross_attention"))
-def _generate(target: Model, draft: Optional[Model], input_ids, rng, *, gamma: int,
-              max_decode_len: int, sampling: SamplingConfig, lenience: float,
+@functools.partial(jax.jit, static_argnames=("gamma", "max_decode_len", "top_k", "top_p",
+                                             "lenience", "recompute_cross_attention"))
+def _generate(target: Model, draft: Optional[Model], input_ids, rng, temperature, *, gamma: int,
+              max_decode_len: int, top_k: int, top_p: float, lenience: float,
               recompute_cross_attention: bool):
+    """One program per shape and static setting; the temperature is traced, so greedy and
+    sampled decodes share it (`SamplingConfig.greedy`)."""
+    sampling = SamplingConfig(temperature, top_k, top_p)
     B = input_ids.shape[0]
     eos = target.config.eos_id
     if draft is None:
         cache = init_cache(target, input_ids, max_decode_len, recompute_cross_attention)
-        return plain_decode(_step_fn(target), cache, B, max_decode_len, eos, sampling, rng)
+        return plain_decode(step_fn(target), cache, B, max_decode_len, eos, sampling, rng)
     # The verify pass writes up to position m + gamma <= max_decode_len + gamma - 1.
     length = max_decode_len + gamma + 1
     tcache = init_cache(target, input_ids, length, recompute_cross_attention)
     dcache = init_cache(draft, input_ids, length, recompute_cross_attention)
-    return speculative_decode(_step_fn(target), tcache, _step_fn(draft), dcache, B,
+    return speculative_decode(step_fn(target), tcache, step_fn(draft), dcache, B,
                               max_decode_len, eos, gamma, sampling, rng, lenience)
 
 
@@ -56,23 +63,43 @@ def check_pair(target: Model, draft: Model) -> None:
                          f"target's {(tc.eos_id, tc.pad_id)}")
 
 
+def sampling_config(sampling: Optional[SamplingConfig], temperature: Optional[float],
+                    top_k: Optional[int], top_p: Optional[float]) -> SamplingConfig:
+    """`sampling` or the loose floats (defaults: argmax, no top-k, no top-p), validated."""
+    loose = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
+    if sampling is not None:
+        given = [k for k, v in loose.items() if v is not None]
+        if given:
+            raise ValueError(f"give either sampling=SamplingConfig(...) or {', '.join(given)}, "
+                             "not both")
+        if not isinstance(sampling, SamplingConfig):
+            raise TypeError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
+        return sampling.validate()
+    defaults = SamplingConfig()
+    return SamplingConfig(*(defaults[i] if v is None else v
+                            for i, v in enumerate(loose.values()))).validate()
+
+
 def generate(model: Model, input_ids, draft: Optional[Model] = None, gamma: int = 4,
-             max_decode_len: int = 64, temperature: float = 0.0, top_k: int = 0,
-             top_p: float = 1.0, rng=None, lenience: float = 1.0,
-             recompute_cross_attention: bool = False,
-             max_input_len: Optional[int] = None) -> GenerateOutput:
+             max_decode_len: int = 64, temperature: Optional[float] = None,
+             top_k: Optional[int] = None, top_p: Optional[float] = None, rng=None,
+             lenience: float = 1.0, recompute_cross_attention: bool = False,
+             max_input_len: Optional[int] = None,
+             sampling: Optional[SamplingConfig] = None) -> GenerateOutput:
     """Decode `input_ids` (int32 [B, S], 0 = pad) with `model`; with a `draft`, speculatively.
 
     The output distribution is exactly the target's (greedy: identical tokens) unless
     lenience < 1 (paper A.5: accept with min(1, p/(l q)); marked inexact in the stats).
     recompute_cross_attention: recompute cross-attention K/V every step, as T5X's example
     model does (the T5X-faithful baseline); the default computes them once per input.
-    max_input_len: reject inputs longer than this (the encoder feature length)."""
+    max_input_len: reject inputs longer than this (the encoder feature length).
+    sampling: a `SamplingConfig` instead of temperature / top_k / top_p (give one or the
+    other); temperature 0 (the default) is argmax."""
     if not isinstance(model, Model):
         raise TypeError(f"model must be a speculative_t5.Model, got {type(model).__name__}")
     gamma = _check_int("gamma", gamma, 1)
     max_decode_len = _check_int("max_decode_len", max_decode_len, 1)
-    sampling = SamplingConfig(temperature, top_k, top_p).validate()
+    sampling = sampling_config(sampling, temperature, top_k, top_p)
     if not isinstance(lenience, (int, float)) or not 0.0 < lenience <= 1.0:
         raise ValueError(f"lenience must be in (0, 1] (1 = exact), got {lenience!r}")
     if draft is not None:
@@ -93,8 +120,9 @@ def generate(model: Model, input_ids, draft: Optional[Model] = None, gamma: int 
                              f"max_input_len {max_input_len}")
     rng = jax.random.PRNGKey(0) if rng is None else rng
     tokens, lengths, stats = _generate(
-        model, draft, jnp.asarray(ids, jnp.int32), rng, gamma=gamma if draft else 0,
-        max_decode_len=max_decode_len, sampling=sampling, lenience=float(lenience),
+        model, draft, jnp.asarray(ids, jnp.int32), rng, jnp.float32(sampling.temperature),
+        gamma=gamma if draft else 0, max_decode_len=max_decode_len, top_k=sampling.top_k,
+        top_p=sampling.top_p, lenience=float(lenience),
         recompute_cross_attention=bool(recompute_cross_attention))
     stats = {k: np.asarray(v) for k, v in jax.device_get(stats).items()}
     stats.update(gamma=gamma if draft else 0, exact=lenience == 1.0, lenience=float(lenience))

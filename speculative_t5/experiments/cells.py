@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import gin
 
-from speculative_t5.data import Vocabulary, read_inputs, truncate
+import numpy as np
+
+from speculative_t5.data import Vocabulary, bucket, pad_to, read_inputs, truncate
+from speculative_t5.decoding import SamplingConfig
 
 Example = Dict[str, Any]  # {id, inputs: [int] (EOS-terminated), input_text, reference}
 
@@ -37,11 +40,24 @@ class Cell:
     metric: Optional[str]         # 'bleu', 'rouge' or None (no references)
     seed: int
     paper: Dict[str, Optional[float]]  # the paper's own alpha / speedup for this cell
+    input_width: Optional[int] = None  # pad every input to this; None: length buckets
+
+    def width(self, example: Example) -> int:
+        """The encoder width an example is decoded at: its length bucket (the next power of
+        two >= 32, so batch 1 pays for the text, not padding), or the cell's fixed width
+        (one compiled program per decoder, for runs where compiling costs more)."""
+        return self.input_width or bucket(example["inputs"]).shape[1]
+
+    def padded(self, examples: Sequence[Example], width: Optional[int] = None) -> np.ndarray:
+        """int32 [len(examples), W]: the inputs 0-padded to `width` (default: the widest
+        of their widths)."""
+        width = width or max(self.width(e) for e in examples)
+        return pad_to([e["inputs"] for e in examples], width)
 
     def load_models(self):
         """(target, draft, vocabulary), checked to fit together."""
         from speculative_t5.checkpoints import load_checkpoint
-        from speculative_t5.decoding.generate import check_pair
+        from speculative_t5.generate import check_pair
         target = load_checkpoint(self.target, dtype=self.dtype)
         draft = load_checkpoint(self.draft, dtype=self.dtype)
         vocab = Vocabulary(self.vocabulary)
@@ -51,6 +67,32 @@ class Cell:
         except ValueError as e:
             raise ValueError(f"cell {self.name}: {e}") from None
         return target, draft, vocab
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return SamplingConfig(self.temperature, self.top_k, self.top_p).validate()
+
+    def todo(self, done: Set[str]) -> List[Tuple[int, Example]]:
+        """[(index, example)] whose id is not in `done` (a run directory's finished ids)."""
+        return [(i, e) for i, e in enumerate(self.examples) if e["id"] not in done]
+
+    def in_order(self, records: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+        """Records of this cell's examples, in example order (a JSONL may hold them in any)."""
+        by_id = {r["id"]: r for r in records}
+        return [by_id[e["id"]] for e in self.examples if e["id"] in by_id]
+
+    def metric_columns(self, records: Sequence[Dict[str, Any]],
+                       outputs: Dict[str, str]) -> Dict[str, float]:
+        """The task's metric (BLEU or ROUGE) of each output column {suffix: record key}."""
+        if self.metric is None or any(r.get("reference") is None for r in records):
+            return {}
+        from speculative_t5.data.tasks import METRICS
+        refs = [r["reference"] for r in records]
+        out = {}
+        for suffix, key in outputs.items():
+            for name, value in METRICS[self.metric](refs, [r[key] for r in records]).items():
+                out[f"{name}_{suffix}"] = value
+        return out
 
     def labels(self) -> Dict[str, Any]:
         """The columns that say which cell a summary row is."""
@@ -66,7 +108,7 @@ def paper_cell(name: str, target: str = gin.REQUIRED, draft: str = gin.REQUIRED,
                top_p: float = 1.0, gamma: int = 4, max_decode_len: int = 128,
                dtype: Optional[str] = None, metric: Optional[str] = None, seed: int = 0,
                paper_alpha: Optional[float] = None,
-               paper_speedup: Optional[float] = None) -> Cell:
+               paper_speedup: Optional[float] = None, input_width: Optional[int] = None) -> Cell:
     """Build and check a Cell from the gin bindings in force."""
     from speculative_t5.data.tasks import METRICS
     for field, value in (("target", target), ("draft", draft), ("vocabulary", vocabulary)):
@@ -76,6 +118,8 @@ def paper_cell(name: str, target: str = gin.REQUIRED, draft: str = gin.REQUIRED,
         raise ValueError(f"cell {name}: gamma must be an int >= 1, got {gamma!r}")
     if not isinstance(max_decode_len, int) or max_decode_len < 1:
         raise ValueError(f"cell {name}: max_decode_len must be an int >= 1, got {max_decode_len!r}")
+    if input_width is not None and (not isinstance(input_width, int) or input_width < 1):
+        raise ValueError(f"cell {name}: input_width must be None or an int >= 1, got {input_width!r}")
     if metric is not None and metric not in METRICS:
         raise ValueError(f"cell {name}: unknown metric {metric!r}; known: {', '.join(METRICS)}")
     examples = tuple(examples)
@@ -88,16 +132,14 @@ def paper_cell(name: str, target: str = gin.REQUIRED, draft: str = gin.REQUIRED,
                 vocabulary=vocabulary, examples=examples, temperature=float(temperature),
                 top_k=top_k, top_p=float(top_p), gamma=gamma, max_decode_len=max_decode_len,
                 dtype=dtype, metric=metric, seed=seed,
-                paper={"alpha": paper_alpha, "speedup": paper_speedup})
+                paper={"alpha": paper_alpha, "speedup": paper_speedup}, input_width=input_width)
 
 
 @gin.configurable
 def demo_model_dir(which: str = gin.REQUIRED) -> str:
     """Path of the shipped demo 'target', 'draft' or 'vocabulary' (for gin configs)."""
-    import os
-    from speculative_t5.demo import DEMO_DIR
-    paths = {"target": os.path.join(DEMO_DIR, "target"), "draft": os.path.join(DEMO_DIR, "draft"),
-             "vocabulary": os.path.join(DEMO_DIR, "target", "spiece.model")}
+    from speculative_t5.checkpoints.demo import demo_paths
+    paths = demo_paths()
     if which not in paths:
         raise ValueError(f"demo_model_dir.which must be one of {sorted(paths)}, got {which!r}")
     return paths[which]

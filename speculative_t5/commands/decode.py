@@ -13,8 +13,9 @@ from tqdm import tqdm
 
 from speculative_t5.checkpoints import load_checkpoint
 from speculative_t5.data import find_vocabulary, pad_rows, pad_to, read_inputs
-from speculative_t5.decoding import generate
-from speculative_t5.rundir import JsonlLog
+from speculative_t5.decoding.output import combine
+from speculative_t5.generate import generate
+from speculative_t5.experiments.rundir import JsonlLog
 
 LENGTH_BUCKET = 16  # inputs are padded to a multiple of this, so few shapes are compiled
 
@@ -42,8 +43,7 @@ def decode(target: str = gin.REQUIRED, input_file: str = gin.REQUIRED,
     done = log.done
     todo = [i for i in range(len(examples)) if i not in done]
     rng = jax.random.PRNGKey(seed)
-    totals = {"tokens": 0, "target_calls": 0, "draft_calls": 0, "seconds": 0.0, "accepted": 0,
-              "proposed": 0}
+    rows, seconds_total = [], 0.0
     bar = tqdm(total=len(todo), desc="decode", unit="ex", disable=quiet)
     for start in range(0, len(todo), batch_size):
         idx = todo[start:start + batch_size]
@@ -56,33 +56,28 @@ def decode(target: str = gin.REQUIRED, input_file: str = gin.REQUIRED,
                        top_p=top_p, lenience=lenience,
                        rng=jax.random.fold_in(rng, idx[0]))
         seconds = time.perf_counter() - t0
-        s = res.stats
         for row, i in enumerate(idx):
-            n = int(res.lengths[row])
+            stats = res.row(row)
+            n = stats.pop("length")
             tokens = res.tokens[row, :n].tolist()
-            stats = {"target_calls": int(s["target_calls"][row]),
-                     "draft_calls": int(s["draft_calls"][row]),
-                     "tokens_per_call_hist": s["tokens_per_call_hist"][row].tolist(),
-                     "accepted": int(s["accepted_at"][row].sum()),
-                     "proposed": int(s["draft_calls"][row])}
             record = {"index": i, "input": examples[i][0], "output": vocabulary.decode(tokens),
                       "tokens": tokens, "length": n, "stats": stats,
-                      "batch_seconds": round(seconds, 4), "exact": bool(s["exact"])}
+                      "batch_seconds": round(seconds, 4), "exact": bool(res.stats["exact"])}
             if examples[i][1] is not None:
                 record["reference"] = examples[i][1]
             log.append(record)
-            totals["tokens"] += n
-            for k in ("target_calls", "draft_calls", "accepted", "proposed"):
-                totals[k] += stats[k]
-        totals["seconds"] += seconds
+            rows.append(dict(stats, length=n))
+        seconds_total += seconds
         bar.update(len(idx))
-        bar.set_postfix(tok_s=f"{totals['tokens'] / max(totals['seconds'], 1e-9):.1f}")
+        bar.set_postfix(tok_s=f"{sum(r['length'] for r in rows) / max(seconds_total, 1e-9):.1f}")
     bar.close()
-    summary = dict(totals, examples=len(todo), skipped=len(done),
-                   tokens_per_target_call=totals["tokens"] / max(totals["target_calls"], 1),
-                   acceptance_rate=totals["accepted"] / max(totals["proposed"], 1) if draft else None,
-                   tokens_per_second=totals["tokens"] / max(totals["seconds"], 1e-9),
+    totals = combine(rows)
+    totals.pop("tokens_per_call_histogram")
+    summary = dict(totals, seconds=seconds_total, examples=len(todo), skipped=len(done),
+                   tokens_per_second=totals["tokens"] / max(seconds_total, 1e-9),
                    exact=lenience == 1.0)
+    if not draft:
+        summary["acceptance_rate"] = None
     if not quiet:
         print(json.dumps(summary))
     return summary

@@ -193,7 +193,7 @@ def train(model_dir: str = gin.REQUIRED, data_dir: str = gin.REQUIRED,
 def teacher_outputs(teacher: Model, inputs: np.ndarray, length: int, batch_size: int = 64,
                     cache: Optional[str] = None) -> np.ndarray:
     """The teacher's greedy outputs for every input (saved to `cache` to survive restarts)."""
-    from speculative_t5.decoding import generate
+    from speculative_t5.generate import generate
     if cache and os.path.exists(cache):
         return np.load(cache)
     outs = []

@@ -1,0 +1,175 @@
+"""`speculative-t5` command line, launched the T5X way.
+
+  speculative-t5 demo [--output_dir D] [--num_examples N] [--gamma G] [--temperature T]
+  speculative-t5 convert --from PATH --to PATH [--format native|hf] [--dtype bfloat16]
+  speculative-t5 decode --target PATH [--draft PATH] --input_file F --output F.jsonl
+      [--vocab spiece.model] [--gamma 4] [--temperature 0] [--top_k 0] [--top_p 1] ...
+  speculative-t5 train --gin_file=configs/demo_target.gin [--gin.train.steps=100]
+  speculative-t5 distill --gin_file=configs/demo_draft.gin
+  speculative-t5 walltime_table --cell configs/paper/ende_t5_small_t0.gin [--cell ...]
+      --output_dir runs/table2 [--gin.TARGET_CHECKPOINT="'gs://...'"]
+  speculative-t5 alpha_table --cell ... --output_dir runs/table3
+  speculative-t5 gamma_sweep --cell ... --output_dir runs/figure5
+  Any command also takes [--gin_file=F ...] [--gin.decode.gamma=7] [--gin_search_paths=a,b].
+
+Gin: `--gin_file` may repeat; `--gin.NAME=VALUE` becomes the binding `NAME = VALUE`;
+`--gin_search_paths` (comma-separated) is searched for gin files and their includes, after
+the package's own `gin/` directory. Flags given explicitly win over gin bindings.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import importlib
+import os
+import sys
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+from speculative_t5.experiments.ginconfig import gin_root, parse_gin, split_gin_flags  # noqa: F401 (public)
+
+DTYPES = ("float32", "bfloat16", "float16")
+Option = Tuple[str, Dict[str, Any]]  # (flag, argparse keyword arguments)
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """One subcommand: the function it calls ("module:name"), its options, and what to say
+    when a required argument is given neither as a flag nor as a gin binding."""
+    help: str
+    function: str
+    options: Tuple[Option, ...] = ()
+    required: str = ""
+
+
+DRIVER_OPTIONS: Tuple[Option, ...] = (
+    ("--cell", dict(action="append", default=[], help="a cell's gin config, e.g. "
+                    "configs/paper/ende_t5_small_t0.gin (repeatable)")),
+    ("--output_dir", dict(required=True, help="the run directory (resumable)")),
+    ("--tfds_data_dir", dict(help="where tfds finds the datasets (gs:// works); the same as "
+                             "--gin.TFDS_DATA_DIR")),
+    ("--quiet", dict(action="store_true", default=None)))
+
+TRAINER_OPTIONS: Tuple[Option, ...] = (
+    ("--model_dir", dict(help="where checkpoints and the final model go")),
+    ("--steps", dict(type=int)))
+
+COMMANDS: Dict[str, Command] = {
+    "demo": Command(
+        "the shipped pair: plain vs speculative, alpha, c, v, speedup, plots",
+        "speculative_t5.experiments.demo:demo",
+        (("--output_dir", {}), ("--num_examples", dict(type=int)), ("--gamma", dict(type=int)),
+         ("--temperature", dict(type=float)),
+         ("--target", dict(help="target checkpoint instead of the shipped one (with --draft, --vocab)")),
+         ("--draft", {}), ("--vocab", {}))),
+    "convert": Command(
+        "convert a checkpoint (HF, T5X, native) to native or HF",
+        "speculative_t5.commands.convert:convert",
+        (("--from", dict(dest="source", help="checkpoint directory to read")),
+         ("--to", dict(dest="destination", help="directory to write")),
+         ("--format", dict(choices=("native", "hf"), help="output format (default native)")),
+         ("--dtype", dict(choices=DTYPES, help="parameter dtype")),
+         ("--overwrite", dict(action="store_true", default=None))),
+        "--from and --to (or gin bindings convert.source / convert.destination)"),
+    "decode": Command(
+        "decode a text/TSV file into JSONL (speculative with --draft)",
+        "speculative_t5.commands.decode:decode",
+        (("--target", dict(help="target model checkpoint (HF, T5X or native)")),
+         ("--draft", dict(help="draft model checkpoint; omit for plain decoding")),
+         ("--input_file", dict(help="one input a line (.tsv: input<TAB>reference)")),
+         ("--output", dict(help="JSONL to append to; existing indices are skipped")),
+         ("--vocab", dict(help="SentencePiece model (default: spiece.model in --target)")),
+         *((f"--{name}", dict(type=typ)) for name, typ in (
+             ("gamma", int), ("temperature", float), ("top_k", int), ("top_p", float),
+             ("lenience", float), ("max_decode_len", int), ("max_input_len", int),
+             ("batch_size", int), ("seed", int))),
+         ("--prefix", dict(help="text prepended to every input, e.g. 'summarize: '")),
+         ("--dtype", dict(choices=DTYPES))),
+        "--target, --input_file and --output (or decode.* gin bindings)"),
+    "train": Command("train a T5 on the demo corpus (gin-configured, resumable)",
+                     "speculative_t5.training:train", TRAINER_OPTIONS,
+                     "a --gin_file that sets the run (e.g. configs/demo_target.gin)"),
+    "distill": Command("distill a draft from a teacher (gin-configured, resumable)",
+                       "speculative_t5.training:distill", TRAINER_OPTIONS,
+                       "a --gin_file that sets the run (e.g. configs/demo_draft.gin)"),
+    "alpha_table": Command("paper Table 3: alpha per pair x task x temperature",
+                           "speculative_t5.experiments.drivers:alpha_table", DRIVER_OPTIONS),
+    "walltime_table": Command("paper Table 2: walltime of plain vs speculative decoding",
+                              "speculative_t5.experiments.drivers:walltime_table", DRIVER_OPTIONS),
+    "gamma_sweep": Command("paper Figure 5: speedup and operations against gamma",
+                           "speculative_t5.experiments.drivers:gamma_sweep", DRIVER_OPTIONS),
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="speculative-t5", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--gin_file", action="append", default=[], help="gin file (repeatable)")
+    p.add_argument("--gin_search_paths", default="", help="comma-separated gin search paths")
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, command in COMMANDS.items():
+        sp = sub.add_parser(name, help=command.help)
+        for flag, kwargs in command.options:
+            sp.add_argument(flag, **kwargs)
+        # gin flags are accepted after the subcommand too
+        sp.add_argument("--gin_file", action="append", dest="sub_gin_file", default=[])
+        sp.add_argument("--gin_search_paths", dest="sub_gin_search_paths", default="")
+    return p
+
+
+def _dest(flag: str, kwargs: Dict[str, Any]) -> str:
+    return kwargs.get("dest", flag.lstrip("-"))
+
+
+def _function(path: str) -> Callable:
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def enable_compile_cache() -> Optional[str]:
+    """Keep compiled programs on disk (JAX's persistent cache) so a second run of a command
+    skips compilation. $SPECULATIVE_T5_COMPILE_CACHE sets the directory; 'off' disables."""
+    path = os.environ.get("SPECULATIVE_T5_COMPILE_CACHE",
+                          os.path.join(os.path.expanduser("~"), ".cache", "speculative_t5", "jax"))
+    if path.lower() in ("", "0", "off", "none"):
+        return None
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        return None
+    import jax
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    return path
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    bindings, rest = split_gin_flags(argv)
+    args = _parser().parse_args(rest)
+    files = args.gin_file + args.sub_gin_file
+    paths = [s for s in (args.gin_search_paths + "," + args.sub_gin_search_paths).split(",") if s]
+    enable_compile_cache()
+    command = COMMANDS[args.command]
+    # importing every command's module registers all gin configurables before parsing
+    functions = {name: _function(c.function) for name, c in COMMANDS.items()}
+    parse_gin(files, bindings, paths)
+    fn = functions[args.command]
+    explicit = {_dest(f, kw): getattr(args, _dest(f, kw)) for f, kw in command.options}
+    explicit = {k: v for k, v in explicit.items() if v is not None}
+    if command.options is DRIVER_OPTIONS:  # each cell parses its own config with these flags
+        fn = functools.partial(fn, gin_files=files, bindings=bindings, search_paths=paths)
+    from speculative_t5.checkpoints import CheckpointError
+    try:
+        fn(**explicit)
+    except (CheckpointError, ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"error: {e}") from None
+    except RuntimeError as e:  # gin.REQUIRED unfilled: neither flag nor binding given
+        if "Required bindings" not in str(e):
+            raise
+        raise SystemExit(f"error: {args.command} needs {command.required}") from None
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

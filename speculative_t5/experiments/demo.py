@@ -1,0 +1,191 @@
+"""`speculative-t5 demo`: the paper drivers run over the demo cells, plus a console report.
+
+The shipped pair decodes held-out inputs of the standard-library docstring task: the
+`walltime_table` driver over the greedy and the sampled demo cell (`configs/demo/*.gin`,
+written into the output directory so that a command-line change of gamma, temperature or
+models is a cell like any other), then `gamma_sweep` over the greedy cell. From their rows:
+summary.json, report.md, tokens_per_call.png (paper Figure 4) and speedup_vs_gamma.png
+(Figure 5), and a table of a few outputs on the console. Every measurement is the drivers'.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from typing import Dict, List, Optional, Sequence
+
+import gin
+import jax
+
+from speculative_t5.experiments import drivers
+from speculative_t5.experiments.rundir import RunDir
+
+CELLS = {"docstrings_t0": ("argmax (temperature 0)", "speculative_greedy"),
+         "docstrings_t1": ("temperature 1", "speculative_sampling")}
+RUN_DIRS = ("cells", "walltime", "gamma_sweep")
+
+
+def cell_text(name: str, gamma: int = 4, num_examples: int = 32, temperature: float = 1.0,
+              target: Optional[str] = None, draft: Optional[str] = None,
+              vocab: Optional[str] = None) -> str:
+    """A demo cell's gin config; with the defaults, the text of configs/demo/<name>.gin."""
+    setting, decoding = CELLS[name]
+    lines = ["# The drivers on this machine: the shipped demo pair (16.9M target, 0.92M draft) on its own",
+             f"# task (held-out stdlib functions -> docstring sentence), {setting}, float32.",
+             "include 'runs/paper.gin'", "include 'tasks/demo_docstrings.gin'",
+             f"include 'decoding/{decoding}.gin'", "", f"GAMMA = {gamma}",
+             f"NUM_EXAMPLES = {num_examples}"]
+    if name == "docstrings_t1" and temperature != 1.0:
+        lines.append(f"TEMPERATURE = {float(temperature)!r}")
+    for macro, path in (("TARGET_CHECKPOINT", target), ("DRAFT_CHECKPOINT", draft),
+                        ("VOCABULARY", vocab)):
+        if path:
+            lines.append(f"{macro} = {os.path.abspath(path)!r}")
+    return "\n".join(lines) + "\n"
+
+
+def _fresh(output_dir: str) -> None:
+    """The demo measures anew each time: remove the run directories an earlier demo wrote."""
+    for name in RUN_DIRS:
+        path = os.path.join(output_dir, name)
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+    os.makedirs(os.path.join(output_dir, "cells"), exist_ok=True)
+
+
+@gin.configurable(denylist=["quiet"])
+def demo(output_dir: str = "runs/demo_output", num_examples: int = 32, gamma: int = 4,
+         temperature: float = 1.0, gammas: Sequence[int] = (1, 2, 3, 4, 5, 6, 7),
+         sweep_examples: int = 16, timing_rounds: int = 10, target: Optional[str] = None,
+         draft: Optional[str] = None, vocab: Optional[str] = None, show: int = 3,
+         quiet: bool = False) -> Dict:
+    """Run the demo; returns the summary also written to output_dir/summary.json."""
+    t_start = time.perf_counter()
+    if (target or draft or vocab) and not (target and draft and vocab):
+        raise ValueError("give --target, --draft and --vocab together (or none: the shipped pair)")
+    if not isinstance(num_examples, int) or num_examples < 1:
+        raise ValueError(f"num_examples must be an int >= 1, got {num_examples!r}")
+    _fresh(output_dir)
+    cells = []
+    for name in CELLS:
+        path = os.path.join(output_dir, "cells", name + ".gin")
+        with open(path, "w") as f:
+            f.write(cell_text(name, gamma, num_examples, temperature, target, draft, vocab))
+        cells.append(path)
+    rounds = [f"walltime_cell.timing_rounds = {timing_rounds}",
+              f"gamma_sweep_cell.timing_rounds = {timing_rounds}"]
+    greedy, sampled = drivers.run(
+        "walltime_table", cells, os.path.join(output_dir, "walltime"),
+        bindings=["walltime_cell.t5x_baseline = False", *rounds], quiet=quiet)
+    sweep, = drivers.run(
+        "gamma_sweep", cells[:1], os.path.join(output_dir, "gamma_sweep"),
+        bindings=[f"gamma_sweep_cell.gammas = {sorted(set(gammas))}",
+                  "gamma_sweep_cell.one_width = True",
+                  f"gamma_sweep_cell.max_examples = {sweep_examples}", *rounds], quiet=quiet)
+    shutil.copy(os.path.join(output_dir, "walltime", "docstrings_t0", "tokens_per_call.png"),
+                os.path.join(output_dir, "tokens_per_call.png"))
+    shutil.copy(os.path.join(output_dir, "gamma_sweep", "docstrings_t0", "speedup_vs_gamma.png"),
+                os.path.join(output_dir, "speedup_vs_gamma.png"))
+    summary = _summary(greedy, sampled, sweep, output_dir, temperature)
+    summary["seconds"] = time.perf_counter() - t_start
+    examples = RunDir(os.path.join(output_dir, "walltime", "docstrings_t0")).records()
+    examples = sorted(examples, key=lambda r: r["index"])[:show]
+    with open(os.path.join(output_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    with open(os.path.join(output_dir, "report.md"), "w") as f:
+        f.write(_report(summary, examples))
+    if not quiet:
+        _print(summary, examples, output_dir)
+    return summary
+
+
+SETTING_KEYS = ("alpha", "alpha_ci95", "positions", "c", "v", "gamma", "tokens_per_target_call",
+                "tokens_per_call_predicted", "speedup_measured", "speedup_predicted_full",
+                "speedup_predicted", "speedup_predicted_paper", "measured_over_full",
+                "plain_measured_over_predicted", "spec_measured_over_predicted",
+                "tokens_per_s_plain", "tokens_per_s_spec", "target_step_ms", "compile_seconds")
+
+
+def _summary(greedy: Dict, sampled: Dict, sweep: Dict, output_dir: str, temperature: float) -> Dict:
+    with open(os.path.join(output_dir, "walltime", "docstrings_t0", "timing.json")) as f:
+        costs = json.load(f)["costs"]
+    out = {k: greedy[k] for k in SETTING_KEYS}
+    out.update(greedy_identical_fraction=greedy["identical_fraction"],
+               # the noise floor: plain greedy itself, batch 4 against batch 1
+               plain_batch_identical_fraction=greedy["plain_batch_identical_fraction"],
+               temperature_1={k: sampled[k] for k in SETTING_KEYS}, temperature=float(temperature),
+               rouge1_plain=greedy.get("rouge1_plain"), rouge1_spec=greedy.get("rouge1_spec"),
+               gamma_sweep=sweep["rows"], best_gamma_measured=sweep["best_gamma_measured"],
+               best_gamma_predicted_full=sweep["best_gamma_predicted_full"],
+               best_gamma_predicted=sweep["best_gamma_predicted"],
+               sweep_examples=sweep["examples_swept"], sweep_input_width=sweep["width_swept"],
+               num_examples=greedy["examples"],
+               compile_seconds=greedy["compile_seconds"] + sampled["compile_seconds"]
+               + sweep["compile_seconds"],
+               setup_ms={w: {k: 1e3 * t for k, t in s.items()} for w, s in costs["setup"].items()},
+               device=f"{jax.devices()[0].platform} ({os.cpu_count()} cores)")
+    return out
+
+
+def _report(s: Dict, examples: List[Dict]) -> str:
+    t1 = s["temperature_1"]
+    lines = ["# speculative_t5 demo", "",
+             f"{s['num_examples']} held-out inputs of the stdlib docstring task, batch 1, "
+             f"{s['device']}. Run directories: walltime/, gamma_sweep/ (the paper drivers).", "",
+             "| setting | alpha | tokens/target call | c | v | speedup measured | cost model | "
+             "measured / cost model | eq. (5), measured v | eq. (5), v = 1 | identical to plain |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, r in (("greedy", s), (f"temperature {s['temperature']:g}", t1)):
+        ident = (f"{s['greedy_identical_fraction']:.2f} (plain itself, batch 4 vs 1: "
+                 f"{s['plain_batch_identical_fraction']:.2f})" if r is s else "n/a (sampled)")
+        lines.append(f"| {name} | {r['alpha']:.3f} | {r['tokens_per_target_call']:.2f} | "
+                     f"{r['c']:.3f} | {r['v']:.2f} | {r['speedup_measured']:.2f} | "
+                     f"{r['speedup_predicted_full']:.2f} | {r['measured_over_full']:.2f} | "
+                     f"{r['speedup_predicted']:.2f} | {r['speedup_predicted_paper']:.2f} | {ident} |")
+    lines += ["", "## Speedup against gamma (greedy)", "",
+              f"{s['sweep_examples']} inputs of the most common input width "
+              f"({s['sweep_input_width']} tokens).", "",
+              "| gamma | tokens/call | v | measured | cost model | eq. (5), measured v | eq. (5), v = 1 |",
+              "|---|---|---|---|---|---|---|"]
+    for r in s["gamma_sweep"]:
+        lines.append(f"| {r['gamma']} | {r['tokens_per_target_call']:.2f} | {r['v']:.2f} | "
+                     f"{r['speedup_measured']:.2f} | {r['speedup_predicted_full']:.2f} | "
+                     f"{r['speedup_predicted']:.2f} | {r['speedup_predicted_paper']:.2f} |")
+    lines += ["", "![tokens per call](tokens_per_call.png) ![speedup vs gamma](speedup_vs_gamma.png)",
+              "", "## Examples (greedy)", ""]
+    for ex in examples:
+        lines += [f"```python\n{ex['input'][len('summarize: '):][:400]}\n```",
+                  f"- reference: {ex['reference']}", f"- plain: {ex['plain_output']}",
+                  f"- speculative: {ex['spec_output']}", ""]
+    return "\n".join(lines)
+
+
+def _print(s: Dict, examples: List[Dict], output_dir: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    console = Console()
+    table = Table(title="held-out inputs: plain vs speculative (greedy)", show_lines=True)
+    for col in ("function (docstring removed)", "plain decode", "speculative decode"):
+        table.add_column(col, overflow="fold")
+    for ex in examples:
+        src = ex["input"][len("summarize: "):]
+        table.add_row(src[:200] + ("..." if len(src) > 200 else ""), ex["plain_output"],
+                      ex["spec_output"])
+    console.print(table)
+    t1 = s["temperature_1"]
+    console.print(
+        f"greedy: identical outputs {s['greedy_identical_fraction']:.0%} (noise floor: plain batch 4 vs "
+        f"batch 1 {s['plain_batch_identical_fraction']:.0%}), alpha {s['alpha']:.3f}, "
+        f"{s['tokens_per_target_call']:.2f} tokens per target call, c {s['c']:.3f}, v {s['v']:.2f}\n"
+        f"        speedup measured {s['speedup_measured']:.2f}x; predicted {s['speedup_predicted_full']:.2f}x "
+        f"(cost model: measured/predicted {s['measured_over_full']:.2f}), "
+        f"{s['speedup_predicted']:.2f}x (eq. 5 with measured v), "
+        f"{s['speedup_predicted_paper']:.2f}x (paper, v = 1)\n"
+        f"T={s['temperature']:g}:  alpha {t1['alpha']:.3f}, {t1['tokens_per_target_call']:.2f} tokens per "
+        f"target call, speedup measured {t1['speedup_measured']:.2f}x; predicted "
+        f"{t1['speedup_predicted_full']:.2f}x (cost model: {t1['measured_over_full']:.2f}) / "
+        f"{t1['speedup_predicted']:.2f}x / {t1['speedup_predicted_paper']:.2f}x\n"
+        f"wrote {output_dir}/summary.json, report.md, tokens_per_call.png, speedup_vs_gamma.png "
+        f"and the drivers' run directories ({s['seconds']:.0f} s, {s['compile_seconds']:.0f} s "
+        f"of it compiling)")

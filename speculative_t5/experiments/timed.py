@@ -1,0 +1,73 @@
+"""The one measuring core of the walltime drivers (`walltime_table`, `gamma_sweep`, and the
+demo, which runs them): a cell's part costs for the cost model, measured once and kept in
+the cell's timing.json, and its examples decoded one at a time (batch 1), every variant
+back to back per example, compile time kept apart."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Dict, Iterator, Sequence
+
+import jax
+
+from speculative_t5.experiments.cells import Cell
+from speculative_t5.experiments.rundir import RunDir
+from speculative_t5.measure.costs import Costs, measure_costs
+from speculative_t5.measure.timing import decoder_step_bytes, timed_decodes
+
+
+def load_timing(run: RunDir) -> Dict[str, Any]:
+    with open(os.path.join(run.path, "timing.json")) as f:
+        return json.load(f)
+
+
+def save_timing(run: RunDir, timing: Dict[str, Any]) -> None:
+    with open(os.path.join(run.path, "timing.json"), "w") as f:
+        json.dump(timing, f, indent=2)
+
+
+def cell_costs(run: RunDir, cell: Cell, target, draft, gammas: Sequence[int],
+               examples: Sequence[Dict[str, Any]], rounds: int) -> Dict[str, Any]:
+    """The parts of the cost model (`measure.costs`) for this cell's models at its lengths:
+    steps at the examples' median input width, set-up at every width they use. Kept in
+    timing.json, so a resumed run predicts with the costs it started with."""
+    path = os.path.join(run.path, "timing.json")
+    if os.path.exists(path):
+        saved = load_timing(run)
+        if all(str(g) in saved["costs"]["verify"] for g in gammas):
+            return saved
+    widths = sorted(cell.width(e) for e in examples)
+    costs = measure_costs(target, draft, gammas, sorted(set(widths)), widths[len(widths) // 2],
+                          cell.max_decode_len + max(gammas) + 1, rounds)
+    timing = {"costs": costs.to_json(), "c": costs.c,
+              "v": {str(g): costs.v(g) for g in gammas},
+              "step_ms": {"target_1": 1e3 * costs.target_step, "draft_1": 1e3 * costs.draft_step},
+              "target_step_bytes": decoder_step_bytes(target), "compile_seconds": 0.0}
+    save_timing(run, timing)
+    return timing
+
+
+def costs_of(timing: Dict[str, Any]) -> Costs:
+    return Costs.from_json(timing["costs"])
+
+
+def timed_examples(cell: Cell, run: RunDir, todo: Sequence[tuple], target, variants: Dict,
+                   timing: Dict[str, Any], quiet: bool) -> Iterator[tuple]:
+    """For each example to do: (index, example, x [1, W], {variant: (output, seconds)}),
+    batch 1, the variants timed back to back with one rng per example. The first example
+    of each width compiles its programs untimed; those seconds go to timing.json."""
+    from tqdm import tqdm
+    warm = set()
+    with tqdm(total=len(todo), desc=cell.name, unit="ex", disable=quiet or not todo) as bar:
+        for i, ex in todo:
+            x = cell.padded([ex])                                               # [1, W]
+            rng = jax.random.fold_in(jax.random.PRNGKey(cell.seed), i)
+            if x.shape[1] not in warm:
+                t0 = time.perf_counter()
+                timed_decodes(target, variants, x, cell.sampling, cell.max_decode_len, rng)
+                timing["compile_seconds"] += time.perf_counter() - t0
+                save_timing(run, timing)
+                warm.add(x.shape[1])
+            yield i, ex, x, timed_decodes(target, variants, x, cell.sampling, cell.max_decode_len, rng)
+            bar.update(1)

@@ -1,0 +1,161 @@
+"""`walltime_table` (paper Table 2): per example, batch 1, the warm walltime of plain
+decoding (ours, cross-attention K/V cached; and T5X-style, recomputed every step) and of
+speculative decoding, interleaved; per cell alpha, c, v, tokens per target call, measured
+speedup beside three predictions: eq. (5) as the paper writes it (v = 1), eq. (5) with the
+measured v, and the full cost model (`measure.costs`: per-input set-up, measured rounds,
+two-token draft calls), with the measured / predicted ratio of each decode."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, List
+
+import gin
+import numpy as np
+
+from speculative_t5.data import pad_rows
+from speculative_t5.generate import generate
+from speculative_t5.decoding.output import combine
+from speculative_t5.experiments import plots, timed
+from speculative_t5.experiments.cells import Cell
+from speculative_t5.experiments.rundir import RunDir
+from speculative_t5.measure import analysis
+from speculative_t5.measure.alpha import alpha_of, overlap_sums
+
+
+@gin.configurable(denylist=["cell", "run"])
+def walltime_cell(cell: Cell, run: RunDir, timing_rounds: int = 20, t5x_baseline: bool = True,
+                  noise_floor_batch: int = 4, quiet: bool = False) -> Dict:
+    """Measure the examples not yet in `run`, then summarize all of them (one table row).
+    t5x_baseline: also time plain decoding with cross-attention K/V recomputed every step.
+    noise_floor_batch: greedy cells also decode every example plainly in batches of this
+    many rows (0: not), the noise floor "identical to plain" is read against."""
+    todo = cell.todo(run.done)
+    noise = cell.temperature == 0.0 and noise_floor_batch and not os.path.exists(_noise_path(run))
+    if todo or noise:
+        models = cell.load_models()
+        if todo:
+            _measure(cell, run, todo, models, timing_rounds, t5x_baseline, quiet)
+        if noise:
+            _noise_floor(cell, run, models[0], noise_floor_batch)
+    return summarize(cell, run)
+
+
+def _noise_path(run: RunDir) -> str:
+    return os.path.join(run.path, "noise_floor.json")
+
+
+def _noise_floor(cell: Cell, run: RunDir, target, batch: int) -> None:
+    """Plain greedy decodes of every example in fixed batches of `batch` rows (example
+    order, all at the cell's widest input width: one program), compared token for token
+    with its batch-1 plain decode. In float32 they agree; in bfloat16 (as on TPU) the
+    rounding of batched matmuls can flip a near-tie argmax, and the fraction that still
+    agrees is the floor below which "speculative identical to plain" says nothing."""
+    recs = {r["id"]: r for r in run.records()}
+    width = max(cell.width(e) for e in cell.examples)
+    same = {}
+    for start in range(0, len(cell.examples), batch):
+        exs = cell.examples[start:start + batch]
+        x = pad_rows(cell.padded(exs, width), batch)                              # [B, W]
+        out = generate(target, x, max_decode_len=cell.max_decode_len, sampling=cell.sampling)
+        for row, e in enumerate(exs):
+            n = out.row(row)["length"]
+            same[e["id"]] = out.tokens[row, :n].tolist() == recs[e["id"]]["plain_tokens"]
+    with open(_noise_path(run), "w") as f:
+        json.dump({"batch": batch, "width": width, "identical": same}, f, indent=2)
+
+
+def _measure(cell: Cell, run: RunDir, todo: List, models, timing_rounds: int,
+             t5x_baseline: bool, quiet: bool) -> None:
+    target, draft, vocab = models
+    timing = timed.cell_costs(run, cell, target, draft, [cell.gamma], cell.examples, timing_rounds)
+    variants = {"plain": {}, "spec": {"draft": draft, "gamma": cell.gamma}}
+    if t5x_baseline:
+        variants["plain_t5x"] = {"recompute_cross_attention": True}
+    for i, ex, x, runs in timed.timed_examples(cell, run, todo, target, variants, timing, quiet):
+        (plain, _), (spec, _) = runs["plain"], runs["spec"]
+        rec = {"index": i, "width": int(x.shape[1]),
+               "seconds": {k: round(t, 6) for k, (_, t) in runs.items()},
+               "plain": plain.row(0), "spec": spec.row(0),
+               "plain_tokens": plain.tokens[0, :plain.row(0)["length"]].tolist(),
+               "identical": bool(np.array_equal(plain.tokens, spec.tokens)),
+               "plain_output": vocab.decode(plain.tokens[0]),
+               "spec_output": vocab.decode(spec.tokens[0]), "input": ex["input_text"],
+               "reference": ex["reference"]}
+        if t5x_baseline:
+            rec["t5x_identical"] = bool(np.array_equal(plain.tokens, runs["plain_t5x"][0].tokens))
+        rec.update(overlap_sums(target, draft, x, plain.tokens, cell.sampling)[0])
+        run.append({"id": ex["id"], **rec})
+
+
+def _noise_fraction(run: RunDir, recs: List[Dict[str, Any]]):
+    if not os.path.exists(_noise_path(run)):
+        return None
+    with open(_noise_path(run)) as f:
+        same = json.load(f)["identical"]
+    return float(np.mean([same[r["id"]] for r in recs]))
+
+
+def predicted_seconds(costs, gamma: int, recs: List[Dict[str, Any]]) -> Dict[str, float]:
+    """The cost model's plain and speculative walltime of these records' decodes."""
+    return {"plain": sum(costs.plain_seconds(r["width"], r["plain"]["target_calls"]) for r in recs),
+            "spec": sum(costs.speculative_seconds(r["width"], gamma, r["spec"]["target_calls"],
+                                                  r["spec"]["two_token_draft_calls"]) for r in recs)}
+
+
+def summarize(cell: Cell, run: RunDir) -> Dict[str, Any]:
+    """The cell's Table 2 row, from its records and timing.json alone."""
+    recs = cell.in_order(run.records())
+    timing = timed.load_timing(run)
+    costs = timed.costs_of(timing)
+    g = cell.gamma
+    c, v = costs.c, costs.v(g)
+    sec = {k: sum(r["seconds"][k] for r in recs) for k in recs[0]["seconds"]}
+    pred = predicted_seconds(costs, g, recs)
+    spec = combine([r["spec"] for r in recs])
+    alpha = alpha_of(recs)
+    a = alpha["alpha"]
+    greedy = cell.temperature == 0.0
+    row = dict(cell.labels(), **alpha, c=c, v=v,
+               tokens_per_target_call=spec["tokens_per_target_call"],
+               tokens_per_call_predicted=analysis.expected_tokens_per_call(a, g),
+               speedup_measured=sec["plain"] / sec["spec"],
+               speedup_vs_t5x=sec["plain_t5x"] / sec["spec"] if "plain_t5x" in sec else None,
+               speedup_predicted_full=pred["plain"] / pred["spec"],
+               speedup_predicted=analysis.walltime_improvement(a, g, c, v),
+               speedup_predicted_paper=analysis.walltime_improvement(a, g, c),
+               measured_over_full=(sec["plain"] / sec["spec"]) / (pred["plain"] / pred["spec"]),
+               plain_measured_over_predicted=sec["plain"] / pred["plain"],
+               spec_measured_over_predicted=sec["spec"] / pred["spec"],
+               paper_alpha=cell.paper["alpha"], paper_speedup=cell.paper["speedup"],
+               identical_fraction=float(np.mean([r["identical"] for r in recs])) if greedy else None,
+               plain_batch_identical_fraction=_noise_fraction(run, recs),
+               tokens_per_s_plain=sum(r["plain"]["length"] for r in recs) / sec["plain"],
+               tokens_per_s_spec=spec["tokens"] / sec["spec"],
+               target_step_ms=1e3 * costs.target_step,  # T, inside a compiled loop
+               # the weights a one-token target step reads, per its time: bandwidth achieved
+               weights_gb_per_s=timing["target_step_bytes"] / costs.target_step / 1e9,
+               compile_seconds=timing["compile_seconds"])
+    row.update(cell.metric_columns(recs, {"plain": "plain_output", "spec": "spec_output"}))
+    run.write_summary([row])
+    plots.tokens_per_call(os.path.join(run.path, "tokens_per_call.png"),
+                          spec["tokens_per_call_histogram"], a, g,
+                          f"{cell.name}: tokens per target call (paper Fig. 4)")
+    return row
+
+
+def finish(top: RunDir, rows: List[Dict[str, Any]]) -> None:
+    """The table (summary.csv / .md) and its chart, measured beside predicted."""
+    top.write_summary(rows)
+    labels = [r["cell"] for r in rows]
+    series = {"measured (vs ours)": [r["speedup_measured"] for r in rows]}
+    if all(r["speedup_vs_t5x"] is not None for r in rows):
+        series["measured (vs T5X-style)"] = [r["speedup_vs_t5x"] for r in rows]
+    series.update({"cost model": [r["speedup_predicted_full"] for r in rows],
+                   "eq. (5), measured v": [r["speedup_predicted"] for r in rows],
+                   "eq. (5), v = 1": [r["speedup_predicted_paper"] for r in rows]})
+    if any(r["paper_speedup"] is not None for r in rows):
+        series["paper (TPU v4)"] = [r["paper_speedup"] for r in rows]
+    plots.grouped_bars(os.path.join(top.path, "walltime.png"), labels, series,
+                       "walltime speedup over plain decoding", "Speculative decoding walltime "
+                       "(paper Table 2)", baseline=1.0)

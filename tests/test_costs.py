@@ -1,0 +1,43 @@
+"""The cost model (speculative_t5.measure.costs): its arithmetic, its JSON form, and that
+`measure_costs` times every part it needs (no timing is asserted: the machines are shared)."""
+import pytest
+
+import speculative_t5 as st
+from helpers import tiny_config
+from speculative_t5.measure.costs import Costs, measure_costs
+
+
+def _costs():
+    return Costs(target_step=0.004, draft_step=0.0002, draft_two=0.0003,
+                 verify={4: 0.005, 7: 0.006},
+                 setup={32: {"target": 0.001, "draft": 0.0004}, 64: {"target": 0.002, "draft": 0.0005}},
+                 step_width=32, cache_len=40)
+
+
+def test_cost_formulas():
+    c = _costs()
+    assert c.c == pytest.approx(0.05) and c.v(4) == pytest.approx(1.25)
+    assert c.plain_seconds(64, 20) == pytest.approx(0.002 + 20 * 0.004)
+    # 5 rounds of (verify + 4 draft steps), 3 of them starting with a two-token draft call
+    assert c.speculative_seconds(32, 4, 5, 3) == pytest.approx(
+        0.001 + 0.0004 + 5 * (0.005 + 4 * 0.0002) + 3 * 0.0001)
+    with pytest.raises(KeyError):
+        c.plain_seconds(128, 1)  # a width whose set-up was not measured is not guessed
+
+
+def test_costs_json_round_trip():
+    import json
+    c = _costs()
+    assert Costs.from_json(json.loads(json.dumps(c.to_json()))) == c
+
+
+def test_measure_costs_times_every_part():
+    target = st.init_model(tiny_config(), seed=0)
+    draft = st.init_model(tiny_config(num_decoder_layers=1), seed=1)
+    c = measure_costs(target, draft, gammas=[1, 3], widths=[8, 16], step_width=8, cache_len=12,
+                      rounds=2)
+    assert set(c.verify) == {1, 3} and set(c.setup) == {8, 16}
+    parts = [c.target_step, c.draft_step, c.draft_two, *c.verify.values(),
+             *(t for s in c.setup.values() for t in s.values())]
+    assert all(t > 0 for t in parts)
+    assert c.speculative_seconds(16, 3, 2, 1) > c.setup[16]["target"] + c.setup[16]["draft"]
