@@ -42,7 +42,9 @@ def test_shipped_target_matches_transformers():
 
 def test_demo_command_end_to_end(tmp_path):
     out = str(tmp_path / "demo")
-    assert cli.main(["demo", "--num_examples", "4", "--output_dir", out]) == 0
+    # three gammas keep the sweep's compiling short; the default sweep is the same code
+    assert cli.main(["demo", "--num_examples", "4", "--output_dir", out,
+                     "--gin.demo.gammas=[1, 2, 4]"]) == 0
     with open(os.path.join(out, "summary.json")) as f:
         s = json.load(f)
     for key in KEYS + ("greedy_identical_fraction",):
@@ -65,7 +67,7 @@ def test_demo_command_end_to_end(tmp_path):
     for run in ("walltime/docstrings_t0", "walltime/docstrings_t1", "gamma_sweep/docstrings_t0"):
         assert os.path.exists(os.path.join(out, run, "examples.jsonl")), run
     assert s["measured_over_full"] == pytest.approx(s["speedup_measured"] / s["speedup_predicted_full"])
-    assert s["speedup_predicted_full"] > 0 and set(s["setup_ms"]) >= {"32"}
+    assert s["speedup_predicted_full"] > 0 and set(s["setup_ms"]) == {"128"}  # INPUT_WIDTH
 
 
 def test_demo_cells_are_the_configs_demo_cells():

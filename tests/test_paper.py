@@ -271,8 +271,9 @@ DTYPE = 'float32'
 TARGET_LENGTH = 6
 """)
     out = str(tmp_path / "run")
-    rows = paper.run("walltime_table", [str(cell)], out,
-                     bindings=["walltime_cell.timing_rounds = 2"], quiet=True)
+    rows = paper.run("walltime_table", [str(cell)], out, quiet=True, bindings=[
+        "walltime_cell.timing_rounds = 2", "walltime_cell.t5x_baseline = False",
+        "walltime_cell.noise_floor_batch = 0"])
     assert rows[0]["examples"] == 2 and rows[0]["identical_fraction"] == 1.0
     assert "bleu_plain" in rows[0] and rows[0]["bleu_plain"] == rows[0]["bleu_spec"]
     recs = _records(os.path.join(out, "file_t0", "examples.jsonl"))

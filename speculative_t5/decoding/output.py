@@ -32,9 +32,9 @@ def emit(seq: Array, m: Array, done: Array, new: Array, count: Array, eos_id: in
     return seq, m, done, emitted
 
 
-def per_call(tokens: float, calls: float) -> float:
-    """Tokens per target call (0 when no call was made)."""
-    return tokens / calls if calls else 0.0
+def ratio(part: float, whole: float) -> float:
+    """part / whole, 0 when whole is 0 (tokens per call of a decode that made none)."""
+    return part / whole if whole else 0.0
 
 
 def combine(rows: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
@@ -46,9 +46,9 @@ def combine(rows: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     proposed = sum(r["draft_calls"] for r in rows)  # every draft call proposes one token
     hist = np.sum([r["tokens_per_call_hist"] for r in rows], axis=0) if rows else np.zeros(1)
     return {"tokens": tokens, "target_calls": calls, "draft_calls": proposed,
-            "tokens_per_target_call": per_call(tokens, calls),
+            "tokens_per_target_call": ratio(tokens, calls),
             "tokens_per_call_histogram": np.asarray(hist).astype(int).tolist(),
-            "acceptance_rate": per_call(sum(r["accepted"] for r in rows), proposed)}
+            "acceptance_rate": ratio(sum(r["accepted"] for r in rows), proposed)}
 
 
 @dataclasses.dataclass
