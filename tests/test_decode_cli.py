@@ -3,7 +3,6 @@ import json
 import os
 import shutil
 
-import numpy as np
 import pytest
 
 import speculative_t5 as st

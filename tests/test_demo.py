@@ -67,7 +67,7 @@ def test_demo_command_end_to_end(tmp_path):
     for run in ("walltime/docstrings_t0", "walltime/docstrings_t1", "gamma_sweep/docstrings_t0"):
         assert os.path.exists(os.path.join(out, run, "examples.jsonl")), run
     assert s["measured_over_full"] == pytest.approx(s["speedup_measured"] / s["speedup_predicted_full"])
-    assert s["speedup_predicted_full"] > 0 and set(s["setup_ms"]) == {"128"}  # INPUT_WIDTH
+    assert s["speedup_predicted_full"] > 0 and s["setup_ms"] and set(s["setup_ms"]) <= {"32", "64", "128"}
 
 
 def test_demo_cells_are_the_configs_demo_cells():

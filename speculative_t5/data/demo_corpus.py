@@ -7,12 +7,13 @@ module contributes to two splits. Nothing here is downloaded or committed."""
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import json
 import os
 import re
 import sysconfig
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, Iterator, List, Optional, Tuple
 
 PREFIX = "summarize: "
 SPLITS = ("train", "validation", "test")
@@ -82,7 +83,13 @@ def stdlib_modules(stdlib: Optional[str] = None) -> Iterator[tuple]:
 
 
 def build_corpus(stdlib: Optional[str] = None) -> List[Dict]:
-    """All examples, deterministic order (module path, then position in the file)."""
+    """All examples, deterministic order (module path, then position in the file). Built
+    once per process (parsing the standard library takes seconds); a fresh list each call."""
+    return [dict(e) for e in _build_corpus(stdlib)]
+
+
+@functools.lru_cache(maxsize=2)
+def _build_corpus(stdlib: Optional[str]) -> Tuple[Dict, ...]:
     examples, seen = [], set()
     for module, path in stdlib_modules(stdlib):
         try:
@@ -94,7 +101,7 @@ def build_corpus(stdlib: Optional[str] = None) -> List[Dict]:
             if ex["input"] not in seen:  # a function copied into two modules would leak
                 seen.add(ex["input"])    # across splits: keep its first occurrence only
                 examples.append(ex)
-    return examples
+    return tuple(examples)
 
 
 def write_corpus(out_dir: str, stdlib: Optional[str] = None) -> Dict[str, int]:

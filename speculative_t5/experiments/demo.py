@@ -56,7 +56,7 @@ def _fresh(output_dir: str) -> None:
 
 @gin.configurable(denylist=["quiet"])
 def demo(output_dir: str = "runs/demo_output", num_examples: int = 32, gamma: int = 4,
-         temperature: float = 1.0, gammas: Sequence[int] = (1, 2, 3, 4, 5, 6, 7),
+         temperature: float = 1.0, gammas: Sequence[int] = (1, 2, 4, 7),
          sweep_examples: int = 16, timing_rounds: int = 10, target: Optional[str] = None,
          draft: Optional[str] = None, vocab: Optional[str] = None, show: int = 3,
          quiet: bool = False) -> Dict:

@@ -27,6 +27,9 @@ def save_timing(run: RunDir, timing: Dict[str, Any]) -> None:
         json.dump(timing, f, indent=2)
 
 
+_MEASURED: Dict[tuple, Costs] = {}
+
+
 def cell_costs(run: RunDir, cell: Cell, target, draft, gammas: Sequence[int],
                examples: Sequence[Dict[str, Any]], rounds: int) -> Dict[str, Any]:
     """The parts of the cost model (`measure.costs`) for this cell's models at its lengths:
@@ -38,8 +41,11 @@ def cell_costs(run: RunDir, cell: Cell, target, draft, gammas: Sequence[int],
         if all(str(g) in saved["costs"]["verify"] for g in gammas):
             return saved
     widths = sorted(cell.width(e) for e in examples)
-    costs = measure_costs(target, draft, gammas, sorted(set(widths)), widths[len(widths) // 2],
-                          cell.max_decode_len + max(gammas) + 1, rounds)
+    key = (cell.target, cell.draft, cell.dtype, tuple(gammas), tuple(sorted(set(widths))),
+           widths[len(widths) // 2], cell.max_decode_len + max(gammas) + 1, rounds)
+    if key not in _MEASURED:  # cells of one run with the same models and lengths share them
+        _MEASURED[key] = measure_costs(target, draft, *key[3:])
+    costs = _MEASURED[key]
     timing = {"costs": costs.to_json(), "c": costs.c,
               "v": {str(g): costs.v(g) for g in gammas},
               "step_ms": {"target_1": 1e3 * costs.target_step, "draft_1": 1e3 * costs.draft_step},
