@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, List, Sequence
 
 import gin
 
+from speculative_t5.experiments import timed
 from speculative_t5.experiments.cells import Cell, build_cell
 from speculative_t5.experiments.ginconfig import parse_gin
 from speculative_t5.experiments.rundir import RunDir
@@ -44,6 +45,7 @@ def run_grid(kind: str, cell_files: Sequence[str], output_dir: str,
     if len(set(names)) != len(names):
         raise ValueError(f"two cells share a name: {sorted(n for n in names if names.count(n) > 1)}")
     top = RunDir(output_dir)
+    timed.forget_costs()
     rows, configs = [], []
     for path, name in zip(cell_files, names):
         parse_gin([RUN_BLOCKS[kind], path, *gin_files], bindings, search_paths)

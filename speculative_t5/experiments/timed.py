@@ -27,7 +27,12 @@ def save_timing(run: RunDir, timing: Dict[str, Any]) -> None:
         json.dump(timing, f, indent=2)
 
 
-_MEASURED: Dict[tuple, Costs] = {}
+_MEASURED: Dict[tuple, Costs] = {}  # within one grid run (run_grid clears it)
+
+
+def forget_costs() -> None:
+    """Start a grid run with no shared costs: parts are measured anew for each run."""
+    _MEASURED.clear()
 
 
 def cell_costs(run: RunDir, cell: Cell, target, draft, gammas: Sequence[int],
@@ -43,7 +48,7 @@ def cell_costs(run: RunDir, cell: Cell, target, draft, gammas: Sequence[int],
     widths = sorted(cell.width(e) for e in examples)
     key = (cell.target, cell.draft, cell.dtype, tuple(gammas), tuple(sorted(set(widths))),
            widths[len(widths) // 2], cell.max_decode_len + max(gammas) + 1, rounds)
-    if key not in _MEASURED:  # cells of one run with the same models and lengths share them
+    if key not in _MEASURED:  # cells of one grid run with the same models and lengths share them
         _MEASURED[key] = measure_costs(target, draft, *key[3:])
     costs = _MEASURED[key]
     timing = {"costs": costs.to_json(), "c": costs.c,

@@ -59,8 +59,8 @@ def _noise_floor(cell: Cell, run: RunDir, target, batch: int) -> None:
         x = pad_rows(cell.padded(exs, width), batch)                              # [B, W]
         out = generate(target, x, max_decode_len=cell.max_decode_len, sampling=cell.sampling)
         for row, e in enumerate(exs):
-            n = out.row(row)["length"]
-            same[e["id"]] = out.tokens[row, :n].tolist() == recs[e["id"]]["plain_tokens"]
+            tokens = out.tokens[row, :out.lengths[row]].tolist()
+            same[e["id"]] = tokens == recs[e["id"]]["plain_tokens"]
     with open(_noise_path(run), "w") as f:
         json.dump({"batch": batch, "width": width, "identical": same}, f, indent=2)
 
@@ -77,7 +77,7 @@ def _measure(cell: Cell, run: RunDir, todo: List, models, timing_rounds: int,
         rec = {"index": i, "width": int(x.shape[1]),
                "seconds": {k: round(t, 6) for k, (_, t) in runs.items()},
                "plain": plain.row(0), "spec": spec.row(0),
-               "plain_tokens": plain.tokens[0, :plain.row(0)["length"]].tolist(),
+               "plain_tokens": plain.tokens[0, :plain.lengths[0]].tolist(),
                "identical": bool(np.array_equal(plain.tokens, spec.tokens)),
                "plain_output": vocab.decode(plain.tokens[0]),
                "spec_output": vocab.decode(spec.tokens[0]), "input": ex["input_text"],
