@@ -9,11 +9,10 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import gin
 
-from speculative_t5.decoding.output import combine
+from speculative_t5.decoding.output import combine, ratio
 from speculative_t5.experiments import plots, timed
 from speculative_t5.experiments.cells import Cell
 from speculative_t5.experiments.rundir import RunDir
-from speculative_t5.experiments.walltime import predicted_seconds
 from speculative_t5.measure import analysis
 from speculative_t5.measure.alpha import alpha_of, overlap_sums
 
@@ -84,15 +83,15 @@ def summarize(cell: Cell, run: RunDir, gammas: List[int]) -> Dict[str, Any]:
     for g in gammas:
         k = str(g)
         spec = combine([r["spec"][k] for r in recs])
-        pred = predicted_seconds(costs, g, [dict(r, spec=r["spec"][k]) for r in recs])
+        pred = timed.predicted_seconds(costs, g, [dict(r, spec=r["spec"][k]) for r in recs])
         rows.append({"gamma": g, "v": costs.v(g), "tokens_per_target_call": spec["tokens_per_target_call"],
                      "tokens_per_call_predicted": analysis.expected_tokens_per_call(a, g),
                      "speedup_measured": t_plain / sum(r["seconds"][k] for r in recs),
                      "speedup_predicted_full": pred["plain"] / pred["spec"],
                      "speedup_predicted": analysis.walltime_improvement(a, g, c, costs.v(g)),
                      "speedup_predicted_paper": analysis.walltime_improvement(a, g, c),
-                     "operations_measured": (spec["target_calls"] * (g + 1)
-                                             + c_hat * spec["draft_calls"]) / max(spec["tokens"], 1),
+                     "operations_measured": ratio(spec["target_calls"] * (g + 1)
+                                                  + c_hat * spec["draft_calls"], spec["tokens"]),
                      "operations_predicted": analysis.operations_factor(a, g, c_hat)})
     run.write_summary(rows)
     plots.speedup_vs_gamma(os.path.join(run.path, "speedup_vs_gamma.png"), rows,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Dict, Iterator, Sequence
+from typing import Any, Dict, Iterator, List, Sequence
 
 import jax
 
@@ -61,6 +61,13 @@ def cell_costs(run: RunDir, cell: Cell, target, draft, gammas: Sequence[int],
 
 def costs_of(timing: Dict[str, Any]) -> Costs:
     return Costs.from_json(timing["costs"])
+
+
+def predicted_seconds(costs, gamma: int, recs: List[Dict[str, Any]]) -> Dict[str, float]:
+    """The cost model's plain and speculative walltime of these records' decodes."""
+    return {"plain": sum(costs.plain_seconds(r["width"], r["plain"]["target_calls"]) for r in recs),
+            "spec": sum(costs.speculative_seconds(r["width"], gamma, r["spec"]["target_calls"],
+                                                  r["spec"]["two_token_draft_calls"]) for r in recs)}
 
 
 def timed_examples(cell: Cell, run: RunDir, todo: Sequence[tuple], target, variants: Dict,

@@ -96,13 +96,6 @@ def _noise_fraction(run: RunDir, recs: List[Dict[str, Any]]):
     return float(np.mean([same[r["id"]] for r in recs]))
 
 
-def predicted_seconds(costs, gamma: int, recs: List[Dict[str, Any]]) -> Dict[str, float]:
-    """The cost model's plain and speculative walltime of these records' decodes."""
-    return {"plain": sum(costs.plain_seconds(r["width"], r["plain"]["target_calls"]) for r in recs),
-            "spec": sum(costs.speculative_seconds(r["width"], gamma, r["spec"]["target_calls"],
-                                                  r["spec"]["two_token_draft_calls"]) for r in recs)}
-
-
 def summarize(cell: Cell, run: RunDir) -> Dict[str, Any]:
     """The cell's Table 2 row, from its records and timing.json alone."""
     recs = cell.in_order(run.records())
@@ -111,7 +104,7 @@ def summarize(cell: Cell, run: RunDir) -> Dict[str, Any]:
     g = cell.gamma
     c, v = costs.c, costs.v(g)
     sec = {k: sum(r["seconds"][k] for r in recs) for k in recs[0]["seconds"]}
-    pred = predicted_seconds(costs, g, recs)
+    pred = timed.predicted_seconds(costs, g, recs)
     spec = combine([r["spec"] for r in recs])
     alpha = alpha_of(recs)
     a = alpha["alpha"]
