@@ -39,7 +39,7 @@ def main():
         x = bucket(list(range(5, 5 + w - 1)) + [1], smallest=w)                # [1, w]
         costs = measure_costs(target, draft, [g], [w], w, cache_len, args.repeats)
         s = costs.setup[w]
-        print(f"\ninput width {w}: set-up target {1e3 * s['target']:.2f}, draft {1e3 * s['draft']:.2f}; "
+        print(f"\ninput width {w}: loop work per plain step {1e3 * costs.plain_loop:.3f}, per round {1e3 * costs.round_loop[g]:.3f}; set-up target {1e3 * s['target']:.2f}, draft {1e3 * s['draft']:.2f}; "
               f"T {1e3 * costs.target_step:.2f}, v {costs.v(g):.2f}, c {costs.c:.3f}, "
               f"two-token draft call {1e3 * costs.draft_two:.2f}")
         fns, outs = {}, {}

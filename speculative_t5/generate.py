@@ -14,8 +14,8 @@ import numpy as np
 
 from speculative_t5.decoding.loops import plain_decode, speculative_decode
 from speculative_t5.decoding.output import GenerateOutput
-from speculative_t5.decoding.sampling import SamplingConfig
-from speculative_t5.model.api import Model, decode, init_cache
+from speculative_t5.decoding.sampling import SamplingConfig, keys_per_row, row_keys
+from speculative_t5.model.api import Model, decode, host_memory, init_cache
 
 
 def step_fn(model: Model):
@@ -32,6 +32,7 @@ def _generate(target: Model, draft: Optional[Model], input_ids, rng, temperature
     sampled decodes share it (`SamplingConfig.greedy`)."""
     sampling = SamplingConfig(temperature, top_k, top_p)
     B = input_ids.shape[0]
+    rng = row_keys(rng, B)                                                     # [B]
     eos = target.config.eos_id
     if draft is None:
         cache = init_cache(target, input_ids, max_decode_len, recompute_cross_attention)
@@ -44,10 +45,17 @@ def _generate(target: Model, draft: Optional[Model], input_ids, rng, temperature
                               max_decode_len, eos, gamma, sampling, rng, lenience)
 
 
-def _check_int(name: str, value, lo: int):
+def check_int(name: str, value, lo: int) -> int:
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < lo:
         raise ValueError(f"{name} must be an int >= {lo}, got {value!r}")
     return int(value)
+
+
+def check_lenience(lenience) -> float:
+    if isinstance(lenience, bool) or not isinstance(lenience, (int, float)) \
+            or not 0.0 < lenience <= 1.0:
+        raise ValueError(f"lenience must be in (0, 1] (1 = exact), got {lenience!r}")
+    return float(lenience)
 
 
 def check_pair(target: Model, draft: Model) -> None:
@@ -61,6 +69,32 @@ def check_pair(target: Model, draft: Model) -> None:
     if (dc.eos_id, dc.pad_id) != (tc.eos_id, tc.pad_id):
         raise ValueError(f"draft eos/pad ids {(dc.eos_id, dc.pad_id)} differ from the "
                          f"target's {(tc.eos_id, tc.pad_id)}")
+
+
+def decode_bytes(target: Model, draft: Optional[Model], batch: int, input_len: int,
+                 max_decode_len: int, gamma: int) -> int:
+    """Bytes a decode allocates besides the weights (an estimate, from above): per model the
+    encoder output and its attention scores, the cross-attention keys/values and the
+    self-attention cache; the token buffer; the target's and draft's distributions a round."""
+    length = max_decode_len + (gamma + 1 if draft is not None else 0)
+
+    def model_bytes(m: Model) -> int:
+        c = m.config
+        a = np.dtype(c.jnp_dtype).itemsize
+        kv = c.num_decoder_layers * 2 * batch * c.num_heads * c.head_dim * a
+        return (kv * (length + input_len) + batch * input_len * (c.emb_dim + c.mlp_dim) * a
+                + batch * c.num_heads * input_len * input_len * 4)
+    total = model_bytes(target) + (model_bytes(draft) if draft is not None else 0)
+    rows = 2 * gamma + 2 if draft is not None else 1
+    return total + batch * (max_decode_len + 2) * 4 + batch * rows * target.config.vocab_size * 4
+
+
+def device_memory() -> int:
+    """Bytes free on the default device (host memory for a CPU; 0 when unknown)."""
+    stats = jax.devices()[0].memory_stats() or {}
+    if "bytes_limit" in stats:
+        return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+    return host_memory()
 
 
 def sampling_config(sampling: Optional[SamplingConfig], temperature: Optional[float],
@@ -94,14 +128,14 @@ def generate(model: Model, input_ids, draft: Optional[Model] = None, gamma: int 
     model does (the T5X-faithful baseline); the default computes them once per input.
     max_input_len: reject inputs longer than this (the encoder feature length).
     sampling: a `SamplingConfig` instead of temperature / top_k / top_p (give one or the
-    other); temperature 0 (the default) is argmax."""
+    other); temperature 0 (the default) is argmax.
+    rng: one PRNG key, or one per row ([B]: a row's samples then depend on its key alone,
+    not on the batch it is decoded in; the `decode` command keys each input by its index)."""
     if not isinstance(model, Model):
         raise TypeError(f"model must be a speculative_t5.Model, got {type(model).__name__}")
-    gamma = _check_int("gamma", gamma, 1)
-    max_decode_len = _check_int("max_decode_len", max_decode_len, 1)
+    gamma, max_decode_len = check_int("gamma", gamma, 1), check_int("max_decode_len", max_decode_len, 1)
     sampling = sampling_config(sampling, temperature, top_k, top_p)
-    if not isinstance(lenience, (int, float)) or not 0.0 < lenience <= 1.0:
-        raise ValueError(f"lenience must be in (0, 1] (1 = exact), got {lenience!r}")
+    check_lenience(lenience)
     if draft is not None:
         check_pair(model, draft)
     ids = np.asarray(input_ids)
@@ -118,7 +152,14 @@ def generate(model: Model, input_ids, draft: Optional[Model] = None, gamma: int 
             row = int(np.argmax(lengths))
             raise ValueError(f"input row {row} has {int(lengths[row])} tokens, longer than "
                              f"max_input_len {max_input_len}")
-    rng = jax.random.PRNGKey(0) if rng is None else rng
+    need, have = decode_bytes(model, draft, ids.shape[0], ids.shape[1], max_decode_len, gamma), device_memory()
+    if have and need > have:
+        raise ValueError(f"this decode needs about {need:,} bytes for its caches and buffers "
+                         f"(batch {ids.shape[0]}, input length {ids.shape[1]}, max_decode_len "
+                         f"{max_decode_len}), more than the {have:,} bytes this device has; "
+                         "decode shorter outputs or fewer rows at a time")
+    rng = jax.random.PRNGKey(0) if rng is None else jnp.asarray(rng)
+    keys_per_row(rng, ids.shape[0])  # a bad shape is a clear error now, not in tracing
     tokens, lengths, stats = _generate(
         model, draft, jnp.asarray(ids, jnp.int32), rng, jnp.float32(sampling.temperature),
         gamma=gamma if draft else 0, max_decode_len=max_decode_len, top_k=sampling.top_k,

@@ -11,16 +11,17 @@ def _costs():
     return Costs(target_step=0.004, draft_step=0.0002, draft_two=0.0003,
                  verify={4: 0.005, 7: 0.006},
                  setup={32: {"target": 0.001, "draft": 0.0004}, 64: {"target": 0.002, "draft": 0.0005}},
-                 step_width=32, cache_len=40)
+                 plain_loop=0.00001, round_loop={4: 0.0001, 7: 0.0002}, step_width=32, cache_len=40)
 
 
 def test_cost_formulas():
     c = _costs()
     assert c.c == pytest.approx(0.05) and c.v(4) == pytest.approx(1.25)
-    assert c.plain_seconds(64, 20) == pytest.approx(0.002 + 20 * 0.004)
-    # 5 rounds of (verify + 4 draft steps), 3 of them starting with a two-token draft call
+    assert c.plain_seconds(64, 20) == pytest.approx(0.002 + 20 * (0.004 + 0.00001))
+    # 5 rounds of (verify + 4 draft steps + the loop's work), 3 of them starting with a
+    # two-token draft call
     assert c.speculative_seconds(32, 4, 5, 3) == pytest.approx(
-        0.001 + 0.0004 + 5 * (0.005 + 4 * 0.0002) + 3 * 0.0001)
+        0.001 + 0.0004 + 5 * (0.005 + 4 * 0.0002 + 0.0001) + 3 * 0.0001)
     with pytest.raises(KeyError):
         c.plain_seconds(128, 1)  # a width whose set-up was not measured is not guessed
 
@@ -37,7 +38,22 @@ def test_measure_costs_times_every_part():
     c = measure_costs(target, draft, gammas=[3], widths=[8, 16], step_width=8, cache_len=12,
                       rounds=2)
     assert set(c.verify) == {3} and set(c.setup) == {8, 16}
-    parts = [c.target_step, c.draft_step, c.draft_two, *c.verify.values(),
+    assert set(c.round_loop) == {3}
+    parts = [c.target_step, c.draft_step, c.draft_two, *c.verify.values(), c.plain_loop,
+             *c.round_loop.values(),
              *(t for s in c.setup.values() for t in s.values())]
     assert all(t > 0 for t in parts)
     assert c.speculative_seconds(16, 3, 2, 1) > c.setup[16]["target"] + c.setup[16]["draft"]
+
+
+@pytest.mark.parametrize("top_k", [0, 5])
+def test_loop_timer_runs_the_loops_with_free_steps(top_k):
+    """The loop-work timer's decode runs its whole length: every draft accepted (target and
+    draft agree), no EOS, so target calls are exactly ceil(max_len / (gamma + 1))."""
+    from speculative_t5.decoding.sampling import SamplingConfig
+    from speculative_t5.measure.timing import loop_timer
+    for gamma, temperature in [(0, 0.0), (3, 0.0), (3, 1.0), (4, 0.7)]:
+        run, calls = loop_timer(50, gamma, SamplingConfig(temperature, top_k, 1.0), max_len=17)
+        assert calls == -(-17 // (gamma + 1))
+        tokens, lengths, _ = run()
+        assert int(lengths[0]) == 17

@@ -128,7 +128,7 @@ def test_paper_single_token_example():
     x = jax.random.categorical(k_draft, jnp.log(q), shape=(B,)).astype(jnp.int32)
     P = jnp.broadcast_to(p, (B, 2, 4))
     Q = jnp.broadcast_to(q, (B, 1, 4))
-    n, nxt, _ = verify(k_verify, P, Q, x[:, None], greedy=False)
+    n, nxt, _ = verify(jax.random.split(k_verify, B), P, Q, x[:, None], greedy=False)
     n, nxt, x = map(np.asarray, (n, nxt, x))
     se = np.sqrt(0.75 * 0.25 / B)
     assert abs(n.mean() - 0.75) < 5 * se

@@ -162,3 +162,25 @@ def test_bad_arguments_are_named(target, drafts, inputs):
         st.generate(target, inputs + 100)
     with pytest.raises(TypeError, match="draft"):
         st.generate(target, inputs, draft="t5_small")
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_per_row_keys_make_a_row_independent_of_its_batch(target, drafts, inputs, speculative):
+    """With one key per row (what `decode` passes: a key per input index), a row samples
+    the same tokens at T > 0 whatever batch it is decoded in, alone or beside other rows of
+    other lengths, in any order; rows with different keys sample differently."""
+    kw = dict(draft=drafts["perturbed"], gamma=3) if speculative else {}
+    keys = jax.random.split(jax.random.PRNGKey(7), 8)
+    full = st.generate(target, inputs, max_decode_len=MAX_LEN, temperature=1.0, rng=keys, **kw)
+    order = np.array([5, 2, 7])
+    part = st.generate(target, inputs[order], max_decode_len=MAX_LEN, temperature=1.0,
+                       rng=keys[order], **kw)
+    np.testing.assert_array_equal(part.tokens, full.tokens[order])
+    alone = st.generate(target, inputs[3:4], max_decode_len=MAX_LEN, temperature=1.0,
+                        rng=keys[3:4], **kw)
+    np.testing.assert_array_equal(alone.tokens[0], full.tokens[3])
+    other = st.generate(target, inputs[3:4], max_decode_len=MAX_LEN, temperature=1.0,
+                        rng=keys[4:5], **kw)
+    assert not np.array_equal(other.tokens[0], full.tokens[3])
+    with pytest.raises(ValueError, match="one per row"):
+        st.generate(target, inputs, max_decode_len=MAX_LEN, temperature=1.0, rng=keys[:3], **kw)

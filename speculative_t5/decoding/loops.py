@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 
 from speculative_t5.decoding.output import emit, init_stats, record_call
-from speculative_t5.decoding.sampling import SamplingConfig, adjust, choose, verify
+from speculative_t5.decoding.sampling import (SamplingConfig, adjust, choose, fold_rows,
+                                              split_rows, verify)
 
 Array = jax.Array
 StepFn = Callable[[Any, Array, Array], Tuple[Array, Any]]
@@ -28,7 +29,7 @@ class PlainState(NamedTuple):
     m: Array            # [B] tokens emitted so far
     done: Array         # [B] row finished (EOS or max_len)
     cache: Any          # the target's cache
-    rng: Array
+    rng: Array          # [B] one PRNG key per row
     stats: Dict[str, Array]
 
 
@@ -39,7 +40,7 @@ class SpeculativeState(NamedTuple):
     swept: Array        # [B] the last round accepted every draft (the draft missed x_gamma)
     target_cache: Any
     draft_cache: Any
-    rng: Array
+    rng: Array          # [B]
     stats: Dict[str, Array]
 
 
@@ -54,12 +55,13 @@ def _take(seq: Array, cols: Array) -> Array:
 
 def plain_decode(step: StepFn, cache: Any, batch: int, max_len: int, eos_id: int,
                  sampling: SamplingConfig, rng: Array):
-    """T5X `temperature_sample` semantics: one target call per emitted token."""
+    """T5X `temperature_sample` semantics: one target call per emitted token. rng [B]: a
+    PRNG key per row."""
     state = PlainState(jnp.zeros((batch, max_len + 2), jnp.int32), jnp.zeros((batch,), jnp.int32),
                        jnp.zeros((batch,), bool), cache, rng, init_stats(batch, 0))
 
     def body(s: PlainState) -> PlainState:
-        rng, key = jax.random.split(s.rng)
+        rng, key = split_rows(s.rng, 2)
         logits, cache = step(s.cache, _take(s.seq, s.m[:, None]), s.m)        # [B, 1, V]
         token = choose(key, adjust(logits[:, 0], sampling), sampling.greedy)   # [B]
         seq, m, done, emitted = emit(s.seq, s.m, s.done, token[:, None], jnp.ones_like(s.m),
@@ -73,7 +75,8 @@ def plain_decode(step: StepFn, cache: Any, batch: int, max_len: int, eos_id: int
 def speculative_decode(target: StepFn, target_cache: Any, draft: StepFn, draft_cache: Any,
                        batch: int, max_len: int, eos_id: int, gamma: int,
                        sampling: SamplingConfig, rng: Array, lenience: float = 1.0):
-    """Algorithm 1 of Leviathan et al. (2023), batched; every row emits >= 1 token a round."""
+    """Algorithm 1 of Leviathan et al. (2023), batched; every row emits >= 1 token a round.
+    rng [B]: a PRNG key per row."""
     greedy = sampling.greedy
     no = jnp.zeros((batch,), bool)
     state = SpeculativeState(jnp.zeros((batch, max_len + 2), jnp.int32),
@@ -83,7 +86,7 @@ def speculative_decode(target: StepFn, target_cache: Any, draft: StepFn, draft_c
 
     def round_(s: SpeculativeState) -> SpeculativeState:
         seq, m = s.seq, s.m
-        rng, k_draft, k_verify = jax.random.split(s.rng, 3)
+        rng, k_draft, k_verify = split_rows(s.rng, 3)
 
         # 1. Draft gamma tokens. After a round that accepted every draft, the draft never
         #    saw x_gamma (position m-1): then the first call feeds positions m-1 and m.
@@ -99,7 +102,7 @@ def speculative_decode(target: StepFn, target_cache: Any, draft: StepFn, draft_c
         logits, dcache = jax.lax.cond(jnp.any(s.swept & ~s.done), feed_two, feed_one,
                                       s.draft_cache)
         q1 = adjust(logits, sampling)                                          # [B, V]
-        x1 = choose(jax.random.fold_in(k_draft, 0), q1, greedy)                # [B]
+        x1 = choose(fold_rows(k_draft, 0), q1, greedy)                # [B]
         qs = jnp.zeros((batch, gamma) + q1.shape[-1:], jnp.float32).at[:, 0].set(q1)
         xs = jnp.zeros((batch, gamma), jnp.int32).at[:, 0].set(x1)
 
@@ -107,7 +110,7 @@ def speculative_decode(target: StepFn, target_cache: Any, draft: StepFn, draft_c
             dcache, qs, xs = carry
             logits, dcache = draft(dcache, jax.lax.dynamic_slice_in_dim(xs, i - 1, 1, 1), m + i)
             q = adjust(logits[:, 0], sampling)                                 # [B, V]
-            x = choose(jax.random.fold_in(k_draft, i), q, greedy)
+            x = choose(fold_rows(k_draft, i), q, greedy)
             return dcache, qs.at[:, i].set(q), xs.at[:, i].set(x)
 
         dcache, qs, xs = jax.lax.fori_loop(1, gamma, draft_step, (dcache, qs, xs))

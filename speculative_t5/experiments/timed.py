@@ -43,17 +43,20 @@ def cell_costs(run: RunDir, cell: Cell, target, draft, gammas: Sequence[int],
     path = os.path.join(run.path, "timing.json")
     if os.path.exists(path):
         saved = load_timing(run)
-        if all(str(g) in saved["costs"]["verify"] for g in gammas):
+        if all(str(g) in saved["costs"].get("round_loop", {}) for g in gammas):
             return saved
     widths = sorted(cell.width(e) for e in examples)
     key = (cell.target, cell.draft, cell.dtype, tuple(gammas), tuple(sorted(set(widths))),
-           widths[len(widths) // 2], cell.max_decode_len + max(gammas) + 1, rounds)
+           widths[len(widths) // 2], cell.max_decode_len + max(gammas) + 1, rounds,
+           cell.sampling._replace(temperature=0.0))  # the loops' cost depends on top-k/p only
     if key not in _MEASURED:  # cells of one grid run with the same models and lengths share them
         _MEASURED[key] = measure_costs(target, draft, *key[3:])
     costs = _MEASURED[key]
     timing = {"costs": costs.to_json(), "c": costs.c,
               "v": {str(g): costs.v(g) for g in gammas},
               "step_ms": {"target_1": 1e3 * costs.target_step, "draft_1": 1e3 * costs.draft_step},
+              "loop_ms": {"plain_step": 1e3 * costs.plain_loop,
+                          **{f"round_{g}": 1e3 * costs.round_loop[g] for g in gammas}},
               "target_step_bytes": decoder_step_bytes(target), "compile_seconds": 0.0}
     save_timing(run, timing)
     return timing

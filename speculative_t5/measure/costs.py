@@ -1,16 +1,18 @@
 """The cost model: a decode's walltime predicted from parts measured separately on the
 device, none of them fitted to the decodes it predicts.
 
-    plain decode        = setup_target(W) + calls * T
+    plain decode        = setup_target(W) + calls * (T + L_1)
     speculative decode  = setup_target(W) + setup_draft(W)
-                          + rounds * (v T + gamma c T) + two_token_calls * (T_d2 - c T)
+                          + rounds * (v T + gamma c T + L_gamma) + two_token_calls * (T_d2 - c T)
 
 setup_*(W): one model's encoder, cross-attention keys/values and cache allocation for an
 input of width W (one jitted call, so its dispatch is in it too); T: a one-token target
 step; v T: a target step over gamma+1 tokens (the verify pass); c T: a one-token draft step;
 T_d2: a draft step over two tokens (the first draft call after a round that accepted every
 draft). Steps are timed inside one compiled loop, as the decode loop runs them
-(`timing.step_times`). Rounds, calls and two-token calls are counted by the decode itself.
+(`timing.step_times`). L_1, L_gamma: the decode loop's own work per plain step and per
+speculative round (sampling, the accept test, writing tokens, statistics), timed by running
+the loops with model steps that cost nothing (`timing.loop_timer`). Rounds, calls and two-token calls are counted by the decode itself.
 Eq. (5) is the special case with no set-up, unbounded text (eq. 1) and no two-token calls.
 """
 from __future__ import annotations
@@ -18,7 +20,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, Sequence
 
-from speculative_t5.measure.timing import interleaved_medians, setup_timer, step_times
+from speculative_t5.decoding.sampling import SamplingConfig
+from speculative_t5.measure.timing import interleaved_medians, loop_timer, setup_timer, step_times
 
 
 @dataclasses.dataclass
@@ -29,6 +32,8 @@ class Costs:
     draft_two: float                   # T_d2
     verify: Dict[int, float]           # gamma -> v(gamma) T
     setup: Dict[int, Dict[str, float]]  # input width -> {'target': s, 'draft': s}
+    plain_loop: float                  # L_1: the plain loop's own work per step
+    round_loop: Dict[int, float]       # gamma -> L_gamma: the speculative loop's per round
     step_width: int                    # the input width the steps were timed at
     cache_len: int
 
@@ -40,19 +45,20 @@ class Costs:
         return self.verify[gamma] / self.target_step
 
     def plain_seconds(self, width: int, calls: int) -> float:
-        return self.setup[width]["target"] + calls * self.target_step
+        return self.setup[width]["target"] + calls * (self.target_step + self.plain_loop)
 
     def speculative_seconds(self, width: int, gamma: int, rounds: int,
                             two_token_calls: int) -> float:
         setup = self.setup[width]
         return (setup["target"] + setup["draft"]
-                + rounds * (self.verify[gamma] + gamma * self.draft_step)
+                + rounds * (self.verify[gamma] + gamma * self.draft_step + self.round_loop[gamma])
                 + two_token_calls * (self.draft_two - self.draft_step))
 
     def to_json(self) -> Dict[str, Any]:
         out = dataclasses.asdict(self)
         out["verify"] = {str(g): t for g, t in self.verify.items()}
         out["setup"] = {str(w): s for w, s in self.setup.items()}
+        out["round_loop"] = {str(g): t for g, t in self.round_loop.items()}
         return out
 
     @classmethod
@@ -60,21 +66,28 @@ class Costs:
         d = dict(d)
         d["verify"] = {int(g): t for g, t in d["verify"].items()}
         d["setup"] = {int(w): s for w, s in d["setup"].items()}
+        d["round_loop"] = {int(g): t for g, t in d["round_loop"].items()}
         return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
 
 
 def measure_costs(target, draft, gammas: Sequence[int], widths: Sequence[int], step_width: int,
-                  cache_len: int, rounds: int = 20) -> Costs:
+                  cache_len: int, rounds: int = 20,
+                  sampling: SamplingConfig = SamplingConfig()) -> Costs:
     """Time every part of the model on this device: steps at input width `step_width` and
-    cache length `cache_len`, set-up at every width in `widths`; interleaved medians."""
+    cache length `cache_len`, set-up at every width in `widths`, the loops' own work with
+    `sampling`'s static top-k / top-p; interleaved medians."""
     specs = {"target_1": (target, 1), "draft_1": (draft, 1), "draft_2": (draft, 2),
              **{f"target_{g + 1}": (target, g + 1) for g in gammas}}
     steps = step_times(specs, 1, step_width, cache_len, cache_len // 2, rounds)
     timers = {(w, name): setup_timer(m, w, cache_len)
               for w in widths for name, m in (("target", target), ("draft", draft))}
     setup = interleaved_medians(timers, rounds, warmup=2)
+    loops = {g: loop_timer(target.config.vocab_size, g, sampling, cache_len) for g in [0, *gammas]}
+    loop = interleaved_medians({g: run for g, (run, _) in loops.items()}, rounds, warmup=1)
+    per_call = {g: loop[g] / calls for g, (_, calls) in loops.items()}
     return Costs(target_step=steps["target_1"], draft_step=steps["draft_1"],
                  draft_two=steps["draft_2"],
                  verify={g: steps[f"target_{g + 1}"] for g in gammas},
                  setup={w: {name: setup[(w, name)] for name in ("target", "draft")} for w in widths},
+                 plain_loop=per_call[0], round_loop={g: per_call[g] for g in gammas},
                  step_width=step_width, cache_len=cache_len)

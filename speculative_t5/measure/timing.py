@@ -11,6 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from speculative_t5.decoding.loops import plain_decode, speculative_decode
+from speculative_t5.decoding.sampling import SamplingConfig, row_keys
 from speculative_t5.generate import generate
 from speculative_t5.model.api import Model, decode, init_cache
 
@@ -80,6 +82,35 @@ def step_times(specs: Dict[str, Tuple[Model, int]], batch: int = 1, input_len: i
     timers = {name: step_timer(m, batch, K, input_len, max_len, pos, steps)
               for name, (m, K) in specs.items()}
     return {k: t / steps for k, t in interleaved_medians(timers, rounds, warmup).items()}
+
+
+@functools.partial(jax.jit, static_argnames=("gamma", "max_len", "top_k", "top_p"))
+def _free_loop(logits_row, rng, temperature, *, gamma: int, max_len: int, top_k: int,
+               top_p: float):
+    """A decode loop (plain when gamma is 0) whose model steps cost nothing: every call
+    returns `logits_row` [V] for every token. Target and draft then agree, so every draft
+    is accepted; no EOS (id -1), so the loop runs max_len tokens. What it costs is the
+    loop's own work: sampling, the accept test, writing tokens, statistics, control flow."""
+    def step(cache, tokens, pos):                                              # -> [B, K, V]
+        return jnp.broadcast_to(logits_row, tokens.shape + logits_row.shape), cache
+    sampling = SamplingConfig(temperature, top_k, top_p)
+    cache, rng = jnp.zeros((), jnp.int32), row_keys(rng, 1)
+    if gamma == 0:
+        return plain_decode(step, cache, 1, max_len, -1, sampling, rng)
+    return speculative_decode(step, cache, step, cache, 1, max_len, -1, gamma, sampling, rng)
+
+
+def loop_timer(vocab_size: int, gamma: int, sampling: SamplingConfig, max_len: int = 64,
+               seed: int = 0) -> Tuple[Callable[[], Any], int]:
+    """(a no-argument function running one batch-1 decode loop of `max_len` tokens with
+    free model steps, the number of target calls it makes): divide the first's time by the
+    second for the loop's own work per plain step (gamma 0) or per speculative round."""
+    row = jnp.asarray(np.random.RandomState(seed).randn(vocab_size), jnp.float32)
+    temperature = jnp.float32(sampling.temperature)  # traced, as `generate` passes it
+    run = functools.partial(_free_loop, row, jax.random.PRNGKey(seed), temperature, gamma=gamma,
+                            max_len=max_len, top_k=sampling.top_k, top_p=sampling.top_p)
+    calls = int(run()[2]["target_calls"].sum())
+    return run, calls
 
 
 def decoder_step_bytes(model: Model, K: int = 1) -> int:
