@@ -70,6 +70,18 @@ def test_native_round_trip_and_dtype(model, tmp_path):
     half = st.load_checkpoint(str(tmp_path / "m"), dtype="bfloat16")
     assert half.config.param_dtype == "bfloat16"
     assert half.params["token_embedder"]["embedding"].dtype.name == "bfloat16"
+    # bfloat16 compute (T5X's ACTIVATION_DTYPE) over float32 weights: logits stay float32,
+    # near the float32 model's but rounded differently
+    bf = st.load_checkpoint(str(tmp_path / "m"), activation_dtype="bfloat16")
+    assert (bf.config.dtype, bf.config.param_dtype) == ("bfloat16", "float32")
+    rng = np.random.RandomState(0)
+    x = random_ids(rng, 2, 6, model.config.vocab_size, pad_tail=[0, 2])
+    y = decoder_inputs(rng, 2, 5, model.config.vocab_size)
+    ref, low = np.asarray(st.forward(model, x, y)), np.asarray(st.forward(bf, x, y))
+    assert low.dtype == np.float32 and not np.array_equal(ref, low)
+    np.testing.assert_allclose(low, ref, atol=0.1 * np.abs(ref).max())
+    with pytest.raises(ValueError, match="dtype must be float32, bfloat16 or float16"):
+        st.load_checkpoint(str(tmp_path / "m"), activation_dtype="int8")
 
 
 def test_config_inference_matches_presets():

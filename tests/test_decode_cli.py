@@ -28,8 +28,11 @@ def setup(tmp_path_factory):
 
 
 def _read(path):
+    """The records after the header line that names the run."""
     with open(path) as f:
-        return [json.loads(line) for line in f]
+        header, *lines = f.read().splitlines()
+    assert json.loads(header)["speculative_t5"]["header"]["target"]["fingerprint"]
+    return [json.loads(line) for line in lines]
 
 
 def test_decode_plain_and_speculative(setup, capsys):
@@ -61,9 +64,11 @@ def test_decode_resumes_without_duplicates(setup):
             "--max_decode_len", "8", "--batch_size", "2", "--temperature", "1.0"]
     assert cli.main(args) == 0
     full = _read(out)
+    with open(out) as f:
+        lines = f.read().splitlines(keepends=True)
     with open(out, "w") as f:  # as if killed while writing the third record
-        f.writelines(json.dumps(r) + "\n" for r in full[:2])
-        f.write(json.dumps(full[2])[:15])
+        f.writelines(lines[:3])
+        f.write(lines[3][:15])
     assert cli.main(args) == 0
     again = _read(out)
     assert sorted(r["index"] for r in again) == list(range(setup["n"]))

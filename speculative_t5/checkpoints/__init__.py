@@ -43,11 +43,14 @@ def detect_format(path: str) -> str:
 
 
 def load_checkpoint(path: str, config: Optional[T5Config] = None, dtype: Optional[str] = None,
-                    format: Optional[str] = None) -> Model:
+                    format: Optional[str] = None,
+                    activation_dtype: Optional[str] = None) -> Model:
     """Load a T5 from a Hugging Face, T5X or native directory.
 
     config: optional; checked against the checkpoint (T5X stores none, so it is inferred).
     dtype:  parameter dtype to hold in memory ('float32', 'bfloat16'); default as configured.
+    activation_dtype: the dtype the model computes in (T5X's `ACTIVATION_DTYPE`; T5X runs
+            bfloat16 on TPU); default as configured (float32). Logits stay float32.
     A T5X model dir holding checkpoint_<step>/ subdirectories loads its latest step."""
     path = os.fspath(path)
     if format is None and os.path.isdir(path) and not (
@@ -55,12 +58,16 @@ def load_checkpoint(path: str, config: Optional[T5Config] = None, dtype: Optiona
         path = latest_step_dir(path) or path
     fmt = format or detect_format(path)
     if fmt == "hf":
-        return load_hf(path, config, dtype)
-    if fmt == "native":
-        return load_native(path, config, dtype)
-    if fmt in ("t5x", "t5x_orbax"):
-        return load_t5x(path, config, dtype, fmt)
-    raise CheckpointError(f"unknown checkpoint format {fmt!r}; known: {FORMATS}")
+        model = load_hf(path, config, dtype)
+    elif fmt == "native":
+        model = load_native(path, config, dtype)
+    elif fmt in ("t5x", "t5x_orbax"):
+        model = load_t5x(path, config, dtype, fmt)
+    else:
+        raise CheckpointError(f"unknown checkpoint format {fmt!r}; known: {FORMATS}")
+    if activation_dtype is not None:
+        model = Model(model.config.replace(dtype=activation_dtype), model.params)
+    return model
 
 
 def save_checkpoint(model: Model, path: str, overwrite: bool = False) -> None:

@@ -68,9 +68,17 @@ def _weight_files(path: str):
         if os.path.exists(index):
             try:
                 with open(index) as f:
-                    files = sorted(set(json.load(f)["weight_map"].values()))
-            except (ValueError, KeyError) as e:
+                    weight_map = json.load(f)["weight_map"]
+                files = sorted(set(weight_map.values()))
+                if not all(isinstance(f, str) for f in files):
+                    raise ValueError("file names must be strings")
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
                 raise CheckpointError(f"{index}: not a valid weight index ({e})") from None
+            root = os.path.realpath(path)
+            for f in files:
+                if not os.path.realpath(os.path.join(path, f)).startswith(root + os.sep):
+                    raise CheckpointError(f"{index}: weight file {f!r} is outside the "
+                                          "checkpoint directory")
             return [os.path.join(path, f) for f in files]
     for name in (SAFETENSORS, TORCH_BIN):
         if os.path.exists(os.path.join(path, name)):

@@ -10,7 +10,8 @@ from typing import Optional
 import numpy as np
 from flax import traverse_util
 
-from speculative_t5.checkpoints.common import CheckpointError, build_model, flat_params
+from speculative_t5.checkpoints.common import (CheckpointError, build_model, check_shapes,
+                                               flat_params, orbax_shapes)
 from speculative_t5.model.api import Model
 from speculative_t5.model.config import T5Config
 
@@ -53,6 +54,7 @@ def load_native(path: str, config: Optional[T5Config] = None, dtype: Optional[st
     if dtype:
         config = config.replace(param_dtype=dtype)
     params_dir = os.path.join(os.path.abspath(path), "params")
+    check_shapes(config, orbax_shapes(params_dir), params_dir)  # before restoring anything
     try:
         with ocp.StandardCheckpointer() as ckptr:
             tree = ckptr.restore(params_dir)

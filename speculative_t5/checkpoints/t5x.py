@@ -17,12 +17,14 @@ from __future__ import annotations
 import copy
 import os
 import re
+from types import SimpleNamespace
 from typing import Any, Dict, Optional
 
 import numpy as np
 from flax import serialization, traverse_util
 
-from speculative_t5.checkpoints.common import CheckpointError, build_model
+from speculative_t5.checkpoints.common import (CheckpointError, build_model, check_shapes,
+                                               orbax_shapes)
 from speculative_t5.model.api import Model
 from speculative_t5.model.config import T5Config
 
@@ -41,7 +43,28 @@ def _is_spec(path, value) -> bool:
     return isinstance(value, dict) and {"driver", "kvstore"} <= set(value)
 
 
-def _read_array(directory: str, spec: dict, name: str, version: int) -> np.ndarray:
+class _Stored:
+    """A tensorstore array opened for its metadata only and read when numpy asks for it
+    (`build_model` does, after checking its declared shape against the config), so hostile
+    metadata (a shape of 10^12 elements) is refused before anything is allocated."""
+
+    def __init__(self, store, where: str, name: str, version: int):
+        self.store, self.where, self.name, self.version = store, where, name, version
+        self.shape = tuple(int(n) for n in store.shape)
+        self.dtype = np.dtype(store.dtype.numpy_dtype)
+
+    def __array__(self, dtype=None, copy=None):
+        try:
+            arr = self.store.read().result()
+        except Exception as e:  # tensorstore raises ValueError/OSError subclasses by status
+            raise CheckpointError(f"{self.where}: cannot read tensor {self.name} ({e})") from None
+        if self.version < 3 and arr.dtype == np.uint16:
+            import ml_dtypes
+            arr = arr.view(ml_dtypes.bfloat16)
+        return arr if dtype is None else arr.astype(dtype)
+
+
+def _open_array(directory: str, spec: dict, name: str, version: int) -> _Stored:
     import tensorstore as ts
     spec = copy.deepcopy(spec)
     rel = spec["kvstore"].get("path") or spec.pop("path", None)
@@ -53,13 +76,10 @@ def _read_array(directory: str, spec: dict, name: str, version: int) -> np.ndarr
     spec["kvstore"] = kv
     spec["fill_missing_data_reads"] = False  # a missing chunk is corruption, not zeros
     try:
-        arr = ts.open(spec, read=True, open=True).result().read().result()
+        store = ts.open(spec, read=True, open=True).result()
     except Exception as e:  # tensorstore raises ValueError/OSError subclasses by status
         raise CheckpointError(f"{directory}/{rel}: cannot read tensor {name} ({e})") from None
-    if version < 3 and arr.dtype == np.uint16:
-        import ml_dtypes
-        arr = arr.view(ml_dtypes.bfloat16)
-    return arr
+    return _Stored(store, f"{directory}/{rel}", name, version)
 
 
 def _read_file(directory: str, key: str) -> bytes:
@@ -71,7 +91,8 @@ def _read_file(directory: str, key: str) -> bytes:
 
 
 def read_legacy(directory: str) -> Dict[str, Any]:
-    """Flat {'encoder/layers_0/attention/query/kernel': np.ndarray} of a legacy checkpoint."""
+    """Flat {'encoder/layers_0/attention/query/kernel': array} of a legacy checkpoint: inline
+    arrays as numpy, tensorstore ones opened but not yet read (`_Stored`)."""
     file = os.path.join(directory, LEGACY_FILE)
     try:
         contents = serialization.msgpack_restore(_read_file(directory, LEGACY_FILE))
@@ -84,7 +105,7 @@ def read_legacy(directory: str) -> Dict[str, Any]:
         raise CheckpointError(f"{file}: no 'optimizer/target' parameter tree in the checkpoint") from None
     version = int(contents.get("version", 0))
     flat = traverse_util.flatten_dict(target, sep="/", is_leaf=_is_spec)
-    return {k: (_read_array(directory, v, k, version) if _is_spec(k, v) else np.asarray(v))
+    return {k: (_open_array(directory, v, k, version) if _is_spec(k, v) else np.asarray(v))
             for k, v in flat.items()}
 
 
@@ -94,6 +115,16 @@ def read_orbax(directory: str) -> Dict[str, Any]:
     import orbax.checkpoint as ocp
     if os.path.isdir(os.path.join(directory, "state")):
         directory = os.path.join(directory, "state")
+    # the declared shapes first: an impossible architecture or a tensor of 10^12 elements
+    # fails here, before orbax allocates anything
+    declared = orbax_shapes(directory)
+    for key in ("target", "params"):
+        inner = {k[len(key) + 1:]: v for k, v in declared.items() if k.startswith(key + "/")}
+        if inner:
+            declared = inner
+            break
+    config = _infer(declared, directory)
+    check_shapes(config, declared, directory)
     try:
         tree = ocp.PyTreeCheckpointer().restore(os.path.abspath(directory))
     except Exception as e:  # orbax wraps tensorstore and json errors in many types
@@ -132,10 +163,22 @@ def infer_config(flat: Dict[str, Any], source: str) -> T5Config:
                     relative_attention_num_buckets=int(buckets))
 
 
+def _infer(shapes: Dict[str, Any], directory: str) -> T5Config:
+    """`infer_config` from {name: shape} or {name: array}; T5Config's own checks as a
+    CheckpointError (the shapes a checkpoint declares may be hostile)."""
+    flat = {k: v if hasattr(v, "shape") else SimpleNamespace(shape=tuple(v)) for k, v in shapes.items()}
+    try:
+        return infer_config(flat, directory)
+    except CheckpointError:
+        raise
+    except ValueError as e:
+        raise CheckpointError(f"{directory}: the tensor shapes declare an impossible T5: {e}") from None
+
+
 def load_t5x(directory: str, config: Optional[T5Config] = None, dtype: Optional[str] = None,
              fmt: str = "t5x") -> Model:
     flat = read_legacy(directory) if fmt == "t5x" else read_orbax(directory)
-    inferred = infer_config(flat, directory)
+    inferred = _infer(flat, directory)
     if config is None:
         config = inferred
     else:

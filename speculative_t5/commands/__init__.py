@@ -27,6 +27,7 @@ import sys
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from speculative_t5.experiments.ginconfig import gin_root, parse_gin, split_gin_flags  # noqa: F401 (public)
+from speculative_t5.commands import interrupt
 
 DTYPES = ("float32", "bfloat16", "float16")
 Option = Tuple[str, Dict[str, Any]]  # (flag, argparse keyword arguments)
@@ -84,7 +85,9 @@ COMMANDS: Dict[str, Command] = {
              ("lenience", float), ("max_decode_len", int), ("max_input_len", int),
              ("batch_size", int), ("seed", int))),
          ("--prefix", dict(help="text prepended to every input, e.g. 'summarize: '")),
-         ("--dtype", dict(choices=DTYPES))),
+         ("--dtype", dict(choices=DTYPES, help="parameter dtype in memory")),
+         ("--activation_dtype", dict(choices=DTYPES, help="compute dtype (T5X's "
+                                     "ACTIVATION_DTYPE; default float32)"))),
         "--target, --input_file and --output (or decode.* gin bindings)"),
     "train": Command("train a T5 on the demo corpus (gin-configured, resumable)",
                      "speculative_t5.training:train", TRAINER_OPTIONS,
@@ -106,6 +109,7 @@ def _parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gin_file", action="append", default=[], help="gin file (repeatable)")
     p.add_argument("--gin_search_paths", default="", help="comma-separated gin search paths")
+    p.add_argument("--debug", action="store_true", help="show a traceback for user errors too")
     sub = p.add_subparsers(dest="command", required=True)
     for name, command in COMMANDS.items():
         sp = sub.add_parser(name, help=command.help)
@@ -161,8 +165,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         fn = functools.partial(fn, gin_files=files, bindings=bindings, search_paths=paths)
     from speculative_t5.checkpoints import CheckpointError
     try:
-        fn(**explicit)
-    except (CheckpointError, ValueError, FileNotFoundError) as e:
+        with interrupt.interruptible():
+            fn(**explicit)
+    except KeyboardInterrupt:
+        # a compiled loop may still run on XLA's threads, and interpreter shutdown would
+        # wait for it: leave at once (records are already whole and fsynced)
+        code = interrupt.finish()
+        sys.stdout.flush()
+        os._exit(code)
+    except (CheckpointError, ValueError, OSError) as e:  # the user's input, named: one line
+        if args.debug:
+            raise
         raise SystemExit(f"error: {e}") from None
     except RuntimeError as e:  # gin.REQUIRED unfilled: neither flag nor binding given
         if "Required bindings" not in str(e):

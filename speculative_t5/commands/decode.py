@@ -1,23 +1,38 @@
 """`speculative-t5 decode`: decode a text/TSV file with a target (and optionally a draft)
-model into JSONL, in fixed-shape batches, resuming where an earlier run stopped."""
+model into JSONL, in fixed-shape batches, resuming where an earlier run of the same
+settings stopped.
+
+The output's first line is a header naming the run (model and vocabulary fingerprints,
+input file fingerprint, every option that changes an output); a rerun resumes only that run,
+and a file that is not this tool's output is never touched. Sampling is keyed by example
+index, so an output does not depend on the batch size or on where a run was interrupted."""
 from __future__ import annotations
 
 import json
 import os
 import time
-from typing import Optional
+from typing import Any, Dict, Optional
 
 import gin
 import jax
+import jax.numpy as jnp
 from tqdm import tqdm
 
 from speculative_t5.checkpoints import load_checkpoint
+from speculative_t5.commands import interrupt
 from speculative_t5.data import find_vocabulary, pad_rows, pad_to, read_inputs
 from speculative_t5.decoding.output import combine
-from speculative_t5.generate import generate
-from speculative_t5.experiments.rundir import JsonlLog
+from speculative_t5.experiments.rundir import JsonlLog, fingerprint
+from speculative_t5.generate import (check_int, check_lenience, check_pair, generate,
+                                     sampling_config)
 
 LENGTH_BUCKET = 16  # inputs are padded to a multiple of this, so few shapes are compiled
+DTYPES = (None, "float32", "bfloat16", "float16")
+
+
+def _identity(path: Optional[str]) -> Optional[Dict[str, Any]]:
+    return None if path is None else {"path": os.path.abspath(path) if "://" not in path else path,
+                                      "fingerprint": fingerprint(path)}
 
 
 @gin.configurable(denylist=["quiet"])
@@ -26,35 +41,59 @@ def decode(target: str = gin.REQUIRED, input_file: str = gin.REQUIRED,
            gamma: int = 4, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
            lenience: float = 1.0, max_decode_len: int = 64, max_input_len: int = 512,
            batch_size: int = 8, seed: int = 0, prefix: str = "", dtype: Optional[str] = None,
-           quiet: bool = False) -> dict:
+           activation_dtype: Optional[str] = None, quiet: bool = False) -> dict:
     """Decode every line of `input_file`; one JSONL record per example in `output`."""
+    # every option is checked before anything is read, written or loaded
+    sampling = sampling_config(None, temperature, top_k, top_p)
+    gamma, max_decode_len = check_int("gamma", gamma, 1), check_int("max_decode_len", max_decode_len, 1)
+    max_input_len, batch_size = (check_int("max_input_len", max_input_len, 1),
+                                 check_int("batch_size", batch_size, 1))
+    seed, lenience = check_int("seed", seed, 0), check_lenience(lenience)
+    for name, value in (("dtype", dtype), ("activation_dtype", activation_dtype)):
+        if value not in DTYPES:
+            raise ValueError(f"{name} must be one of {DTYPES[1:]}, got {value!r}")
+    if os.path.isdir(output):
+        raise ValueError(f"--output {output} is a directory; give a file path")
+    if os.path.abspath(output) == os.path.abspath(input_file):
+        raise ValueError(f"--output {output} is the input file")
     vocabulary = find_vocabulary(vocab, target, draft)
-    target_model = load_checkpoint(target, dtype=dtype)
-    draft_model = load_checkpoint(draft, dtype=dtype) if draft else None
-    vocabulary.check_fits(target_model.config.vocab_size)
     examples = read_inputs(input_file, prefix)
     encoded = [vocabulary.encode(text) for text, _ in examples]
     for i, ids in enumerate(encoded):
         if len(ids) > max_input_len:
             raise ValueError(f"{input_file}:{i + 1}: input has {len(ids)} tokens, longer than "
                              f"max_input_len {max_input_len}")
+    run = {"target": _identity(target), "draft": _identity(draft),
+           "vocabulary": _identity(vocabulary.path), "input_file": _identity(input_file),
+           "prefix": prefix, "gamma": gamma if draft else None, **sampling._asdict(),
+           "lenience": lenience, "max_decode_len": max_decode_len, "seed": seed,
+           "dtype": dtype, "activation_dtype": activation_dtype}
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    log = JsonlLog(output, key="index")  # resumable: indices already there are skipped
+    log = JsonlLog(output, key="index", header=run)  # resumes this run only
     done = log.done
     todo = [i for i in range(len(examples)) if i not in done]
-    rng = jax.random.PRNGKey(seed)
+    interrupt.progress(lambda: f"{len(log.done)} of {len(examples)} records saved in {output}")
     rows, seconds_total = [], 0.0
-    bar = tqdm(total=len(todo), desc="decode", unit="ex", disable=quiet)
+    if todo:
+        target_model = load_checkpoint(target, dtype=dtype, activation_dtype=activation_dtype)
+        draft_model = load_checkpoint(draft, dtype=dtype,
+                                      activation_dtype=activation_dtype) if draft else None
+        vocabulary.check_fits(target_model.config.vocab_size)
+        if draft_model is not None:
+            check_pair(target_model, draft_model)
+    base = jax.random.PRNGKey(seed)
+    bar = tqdm(total=len(todo), desc="decode", unit="ex", disable=quiet or not todo)
     for start in range(0, len(todo), batch_size):
         idx = todo[start:start + batch_size]
         width = -(-max(len(encoded[i]) for i in idx) // LENGTH_BUCKET) * LENGTH_BUCKET
-        # a fixed batch: one compiled program
+        # a fixed batch: one compiled program; one key per example index
         ids = pad_rows(pad_to([encoded[i] for i in idx], width), batch_size)
+        keys = jax.vmap(lambda i: jax.random.fold_in(base, i))(
+            jnp.asarray(idx + idx[:1] * (batch_size - len(idx)), jnp.uint32))
         t0 = time.perf_counter()
         res = generate(target_model, ids, draft=draft_model, gamma=gamma,
-                       max_decode_len=max_decode_len, temperature=temperature, top_k=top_k,
-                       top_p=top_p, lenience=lenience,
-                       rng=jax.random.fold_in(rng, idx[0]))
+                       max_decode_len=max_decode_len, sampling=sampling, lenience=lenience,
+                       rng=keys)
         seconds = time.perf_counter() - t0
         for row, i in enumerate(idx):
             stats = res.row(row)

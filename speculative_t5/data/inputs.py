@@ -11,9 +11,13 @@ import numpy as np
 def read_inputs(path: str, prefix: str = "") -> List[Tuple[str, Optional[str]]]:
     """[(input text, reference or None)]; empty lines are an error (they would shift ids)."""
     examples = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\n").rstrip("\r")
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8").rstrip("\n").rstrip("\r")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte "
+                                 f"{e.start})") from None
             if not line.strip():
                 raise ValueError(f"{path}:{lineno}: empty line (every line is one example)")
             text, _, ref = line.partition("\t") if path.endswith(".tsv") else (line, "", "")

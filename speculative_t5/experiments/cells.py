@@ -41,6 +41,7 @@ class Cell:
     seed: int
     paper: Dict[str, Optional[float]]  # the paper's own alpha / speedup for this cell
     input_width: Optional[int] = None  # pad every input to this; None: length buckets
+    activation_dtype: Optional[str] = None  # None: the checkpoint's (float32)
 
     def width(self, example: Example) -> int:
         """The encoder width an example is decoded at: its length bucket (the next power of
@@ -58,8 +59,10 @@ class Cell:
         """(target, draft, vocabulary), checked to fit together."""
         from speculative_t5.checkpoints import load_checkpoint
         from speculative_t5.generate import check_pair
-        target = load_checkpoint(self.target, dtype=self.dtype)
-        draft = load_checkpoint(self.draft, dtype=self.dtype)
+        target = load_checkpoint(self.target, dtype=self.dtype,
+                                 activation_dtype=self.activation_dtype)
+        draft = load_checkpoint(self.draft, dtype=self.dtype,
+                                activation_dtype=self.activation_dtype)
         vocab = Vocabulary(self.vocabulary)
         try:  # before any timing, not at the first decode
             check_pair(target, draft)
@@ -108,7 +111,8 @@ def paper_cell(name: str, target: str = gin.REQUIRED, draft: str = gin.REQUIRED,
                top_p: float = 1.0, gamma: int = 4, max_decode_len: int = 128,
                dtype: Optional[str] = None, metric: Optional[str] = None, seed: int = 0,
                paper_alpha: Optional[float] = None,
-               paper_speedup: Optional[float] = None, input_width: Optional[int] = None) -> Cell:
+               paper_speedup: Optional[float] = None, input_width: Optional[int] = None,
+               activation_dtype: Optional[str] = None) -> Cell:
     """Build and check a Cell from the gin bindings in force."""
     from speculative_t5.data.tasks import METRICS
     for field, value in (("target", target), ("draft", draft), ("vocabulary", vocabulary)):
@@ -120,6 +124,10 @@ def paper_cell(name: str, target: str = gin.REQUIRED, draft: str = gin.REQUIRED,
         raise ValueError(f"cell {name}: max_decode_len must be an int >= 1, got {max_decode_len!r}")
     if input_width is not None and (not isinstance(input_width, int) or input_width < 1):
         raise ValueError(f"cell {name}: input_width must be None or an int >= 1, got {input_width!r}")
+    for field, value in (("dtype", dtype), ("activation_dtype", activation_dtype)):
+        if value is not None and value not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"cell {name}: {field} must be None, 'float32', 'bfloat16' or "
+                             f"'float16', got {value!r}")
     if metric is not None and metric not in METRICS:
         raise ValueError(f"cell {name}: unknown metric {metric!r}; known: {', '.join(METRICS)}")
     examples = tuple(examples)
@@ -132,7 +140,8 @@ def paper_cell(name: str, target: str = gin.REQUIRED, draft: str = gin.REQUIRED,
                 vocabulary=vocabulary, examples=examples, temperature=float(temperature),
                 top_k=top_k, top_p=float(top_p), gamma=gamma, max_decode_len=max_decode_len,
                 dtype=dtype, metric=metric, seed=seed,
-                paper={"alpha": paper_alpha, "speedup": paper_speedup}, input_width=input_width)
+                paper={"alpha": paper_alpha, "speedup": paper_speedup}, input_width=input_width,
+                activation_dtype=activation_dtype)
 
 
 @gin.configurable

@@ -12,40 +12,106 @@ import platform
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 
+def fingerprint(path: str) -> Optional[str]:
+    """sha256 of a file's content, or of a directory's files (relative names, sizes, the
+    whole of files up to 1 MiB and the first and last MiB of larger ones: tells checkpoints
+    apart without reading 40 GB). None for a remote (gs://) path, which is known by name."""
+    import hashlib
+    if "://" in path:
+        return None
+    h = hashlib.sha256()
+    files = [path] if os.path.isfile(path) else sorted(
+        os.path.join(d, f) for d, _, names in os.walk(path) for f in names)
+    for name in files:
+        size = os.path.getsize(name)
+        h.update(f"{os.path.relpath(name, path)}\0{size}\0".encode())
+        with open(name, "rb") as f:
+            h.update(f.read(1 << 20))
+            if size > 2 << 20:
+                f.seek(-(1 << 20), os.SEEK_END)
+                h.update(f.read())
+            elif size > 1 << 20:
+                h.update(f.read())
+    return h.hexdigest()
+
+
+def differences(old: Any, new: Any, prefix: str = "") -> List[str]:
+    """'field: old -> new' for every leaf where two JSON-like dicts differ."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [d for k in sorted(set(old) | set(new), key=str)
+                for d in differences(old.get(k), new.get(k), f"{prefix}{k}.")]
+    return [] if old == new else [f"{prefix.rstrip('.')}: {old!r} -> {new!r}"]
+
+
 class JsonlLog:
     """An append-only JSONL file of records keyed by `key`, safe to resume: each append is
-    flushed and fsynced; on opening, a torn last line (a kill mid-write) is dropped so it
-    is redone, while a corrupt line elsewhere, a missing key or a duplicate is an error."""
+    flushed and fsynced; on opening, a torn last line (a kill mid-write: no newline at its
+    end) is dropped so it is redone, while a corrupt line elsewhere, a missing key or a
+    duplicate is an error.
 
-    def __init__(self, path: str, key: str = "id"):
+    header: what makes the run (a JSON dict), kept as the file's first line. A file whose
+    first line is not a header of this tool is never modified; a header of another run
+    stops with the differing fields named."""
+
+    def __init__(self, path: str, key: str = "id", header: Optional[Dict[str, Any]] = None):
         self.path, self.key = path, key
         self._ids = set()
+        self._header = None if header is None else (
+            json.dumps({"speculative_t5": {"header": header}}) + "\n").encode()
         self._repair_and_load()
 
+    def _check_header(self, data: bytes) -> bytes:
+        """The records after a header that is this run's; raises (writing nothing) otherwise."""
+        first, newline, rest = data.partition(b"\n")
+        try:
+            found = json.loads(first)["speculative_t5"]["header"]
+        except (ValueError, TypeError, KeyError):
+            if not newline and self._header.startswith(data):
+                return b""  # our own header, torn by a kill as it was written
+            raise ValueError(f"{self.path} exists and is not a speculative-t5 output (its first "
+                             "line is not this tool's header); it was left untouched: choose "
+                             "another output path") from None
+        diff = differences(found, json.loads(self._header)["speculative_t5"]["header"])
+        if diff:
+            raise ValueError(f"{self.path} holds another run, so it cannot be resumed by this "
+                             f"one; nothing was changed. Differences: {'; '.join(diff)}. "
+                             "Use another output path, or the same settings to resume.")
+        return rest
+
     def _repair_and_load(self) -> None:
-        if not os.path.exists(self.path):
+        exists = os.path.exists(self.path) and os.path.getsize(self.path) > 0
+        if not exists:
+            if self._header is not None:
+                self._write(self._header, "wb")
             return
         with open(self.path, "rb") as f:
             data = f.read()
-        lines = [line for line in data.split(b"\n") if line.strip()]
+        body = data if self._header is None else self._check_header(data)
+        lines = body.split(b"\n")
+        lines.pop()  # after the last newline: empty, or a record torn by a kill (redone)
         good = []
         for i, line in enumerate(lines):
+            if not line.strip():
+                continue
             try:
                 rec = json.loads(line)
             except ValueError:
-                if i == len(lines) - 1:
-                    break
-                raise ValueError(f"{self.path}: corrupt record {i + 1} in the middle of the "
-                                 "file; refusing to guess what is done") from None
+                raise ValueError(f"{self.path}: corrupt record {i + 1}; refusing to guess "
+                                 "what is done") from None
             if not isinstance(rec, dict) or self.key not in rec or rec[self.key] in self._ids:
                 raise ValueError(f"{self.path}: record {i + 1} has no {self.key!r} or a "
                                  f"duplicate one; move the file away or choose another")
             self._ids.add(rec[self.key])
             good.append(line)
-        repaired = b"".join(line + b"\n" for line in good)
+        repaired = (self._header or b"") + b"".join(line + b"\n" for line in good)
         if repaired != data:
-            with open(self.path, "wb") as f:
-                f.write(repaired)
+            self._write(repaired, "wb")
+
+    def _write(self, data: bytes, mode: str) -> None:
+        with open(self.path, mode) as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
 
     @property
     def done(self) -> set:
@@ -59,17 +125,17 @@ class JsonlLog:
             raise ValueError(f"every record needs an {self.key!r}")
         if record[self.key] in self._ids:
             raise ValueError(f"record {self.key} {record[self.key]!r} is already in {self.path}")
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        self._write((json.dumps(record) + "\n").encode(), "ab")
         self._ids.add(record[self.key])
 
     def records(self) -> List[Dict[str, Any]]:
         if not os.path.exists(self.path):
             return []
         with open(self.path) as f:
-            return [json.loads(line) for line in f if line.strip()]
+            lines = f.read().split("\n")
+        if self._header is not None:
+            lines = lines[1:]
+        return [json.loads(line) for line in lines if line.strip()]
 
 
 class RunDir:

@@ -136,3 +136,12 @@ def cast_params(model: Model, dtype: str) -> Model:
     config = model.config.replace(param_dtype=dtype)
     params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), model.params)
     return Model(config, params)
+
+
+def host_memory() -> int:
+    """Bytes of physical memory on this machine (0 where the OS does not say)."""
+    import os
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0

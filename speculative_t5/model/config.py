@@ -31,6 +31,26 @@ _T5_1_0 = {
 }
 
 
+# Sane upper limits, far above every published T5 (XXL: 24 layers, d_ff 10240; mT5: 250112
+# pieces), so that hostile or broken metadata fails at once instead of allocating for minutes.
+LIMITS = {"vocab_size": 1 << 21, "emb_dim": 1 << 16, "num_heads": 1024, "head_dim": 4096,
+          "mlp_dim": 1 << 18, "num_encoder_layers": 128, "num_decoder_layers": 128,
+          "relative_attention_num_buckets": 4096, "relative_attention_max_distance": 1 << 20}
+_MISSING = object()
+
+
+def _hf_int(hf: Mapping[str, Any], name: str, default: Any = _MISSING) -> int:
+    """An int field of a config.json (None or absent: `default`), or a ValueError naming it."""
+    value = hf.get(name)
+    if value is None:
+        if default is _MISSING:
+            raise ValueError(f"config.json is missing the field {name!r}")
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"config.json field {name!r} must be one int, got {value!r}")
+    return value
+
+
 @dataclasses.dataclass(frozen=True)
 class T5Config:
     """Shape and numerics of one T5 model (hashable: it is a static jit argument)."""
@@ -54,12 +74,18 @@ class T5Config:
 
     def __post_init__(self):
         object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
-        for name in ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim",
-                     "num_encoder_layers", "num_decoder_layers",
-                     "relative_attention_num_buckets", "relative_attention_max_distance"):
+        for name, most in LIMITS.items():
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"T5Config.{name} must be a positive int, got {value!r}")
+            if value > most:
+                raise ValueError(f"T5Config.{name} is {value}, more than the sane limit {most}")
+        for name in ("pad_id", "eos_id"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) \
+                    or not 0 <= value < self.vocab_size:
+                raise ValueError(f"T5Config.{name} must be an int in [0, vocab_size "
+                                 f"{self.vocab_size}), got {value!r}")
         if self.relative_attention_num_buckets % 2:
             raise ValueError("T5Config.relative_attention_num_buckets must be even, got "
                              f"{self.relative_attention_num_buckets}")
@@ -126,8 +152,10 @@ class T5Config:
             hf = hf.to_dict()
         if hf.get("model_type", "t5") != "t5":
             raise ValueError(f"config.json has model_type {hf.get('model_type')!r}, expected 't5'")
+        proj = hf.get("feed_forward_proj", "relu")
         try:
-            proj = hf.get("feed_forward_proj", "relu")
+            if not isinstance(proj, str):
+                raise KeyError(proj)
             parts = proj.split("-")
             if len(parts) == 2 and parts[0] == "gated":
                 act = {"gelu": "gelu", "gelu_new": "gelu", "relu": "relu", "silu": "silu"}[parts[1]]
@@ -142,23 +170,28 @@ class T5Config:
         # transformers >= 5 writes `scale_decoder_outputs`; older configs say
         # `tie_word_embeddings` (absent = tied = T5 1.0).
         scaled = hf.get("scale_decoder_outputs", hf.get("tie_word_embeddings", True))
-        try:
-            kwargs = dict(
-                vocab_size=int(hf["vocab_size"]), emb_dim=int(hf["d_model"]),
-                num_heads=int(hf["num_heads"]), head_dim=int(hf["d_kv"]), mlp_dim=int(hf["d_ff"]),
-                num_encoder_layers=int(hf["num_layers"]),
-                num_decoder_layers=int(hf.get("num_decoder_layers") or hf["num_layers"]),
-                mlp_activations=activations, logits_via_embedding=bool(scaled),
-                relative_attention_num_buckets=int(hf.get("relative_attention_num_buckets", 32)),
-                relative_attention_max_distance=int(hf.get("relative_attention_max_distance", 128)),
-                layer_norm_epsilon=float(hf.get("layer_norm_epsilon", 1e-6)),
-                pad_id=int(hf.get("pad_token_id", 0) or 0),
-                eos_id=int(hf.get("eos_token_id", 1)),
-            )
-        except KeyError as e:
-            raise ValueError(f"config.json is missing the field {e.args[0]!r}") from None
+        if not isinstance(scaled, bool):
+            raise ValueError(f"config.json scale_decoder_outputs / tie_word_embeddings must be "
+                             f"true or false, got {scaled!r}")
+        kwargs = dict(
+            vocab_size=_hf_int(hf, "vocab_size"), emb_dim=_hf_int(hf, "d_model"),
+            num_heads=_hf_int(hf, "num_heads"), head_dim=_hf_int(hf, "d_kv"),
+            mlp_dim=_hf_int(hf, "d_ff"), num_encoder_layers=_hf_int(hf, "num_layers"),
+            mlp_activations=activations, logits_via_embedding=scaled,
+            relative_attention_num_buckets=_hf_int(hf, "relative_attention_num_buckets", 32),
+            relative_attention_max_distance=_hf_int(hf, "relative_attention_max_distance", 128),
+            layer_norm_epsilon=hf.get("layer_norm_epsilon", 1e-6),
+            pad_id=_hf_int(hf, "pad_token_id", 0), eos_id=_hf_int(hf, "eos_token_id", 1))
+        kwargs["num_decoder_layers"] = _hf_int(hf, "num_decoder_layers", kwargs["num_encoder_layers"])
+        eps = kwargs["layer_norm_epsilon"]
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
+            raise ValueError(f"config.json layer_norm_epsilon must be a number in (0, 1), got {eps!r}")
+        kwargs["layer_norm_epsilon"] = float(eps)
         kwargs.update(overrides)
-        return cls(**kwargs)
+        try:
+            return cls(**kwargs)
+        except ValueError as e:  # name the file's field, not ours
+            raise ValueError(f"config.json: {e}") from None
 
     def to_hf_config(self) -> dict:
         """A config.json dict that transformers' T5ForConditionalGeneration reads."""
