@@ -176,7 +176,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (CheckpointError, ValueError, OSError) as e:  # the user's input, named: one line
         if args.debug:
             raise
-        raise SystemExit(f"error: {e}") from None
+        message = str(e).split("\n  In call to configurable")[0]  # gin's addition: a 2nd line
+        raise SystemExit(f"error: {message}") from None
     except RuntimeError as e:  # gin.REQUIRED unfilled: neither flag nor binding given
         if "Required bindings" not in str(e):
             raise
