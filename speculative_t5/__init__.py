@@ -2,6 +2,7 @@
 
 Layers, each importing only from those listed before it:
   model, decoding, data      the T5 family; the model-free decode loops; inputs and tasks
+  partitioning               the ('data', 'model') mesh and T5X's logical axis rules
   checkpoints                Hugging Face, T5X and native I/O (and the shipped demo pair)
   generate                   builds step functions from models and runs the loops
   measure                    alpha, the paper's analysis, timing, the cost model
@@ -18,4 +19,5 @@ from speculative_t5.checkpoints import (CheckpointError, detect_format, export_h
 from speculative_t5.checkpoints.demo import load_demo
 from speculative_t5.decoding import GenerateOutput, SamplingConfig
 from speculative_t5.generate import generate
+from speculative_t5.partitioning import Partitioner
 from speculative_t5 import data

@@ -15,7 +15,8 @@ import numpy as np
 from speculative_t5.decoding.loops import plain_decode, speculative_decode
 from speculative_t5.decoding.output import GenerateOutput
 from speculative_t5.decoding.sampling import SamplingConfig, keys_per_row, row_keys
-from speculative_t5.model.api import Model, decode, host_memory, init_cache
+from speculative_t5.model.api import Model, cache_axes, decode, host_memory, init_cache
+from speculative_t5.partitioning import Partitioner
 
 
 def step_fn(model: Model):
@@ -24,23 +25,28 @@ def step_fn(model: Model):
 
 
 @functools.partial(jax.jit, static_argnames=("gamma", "max_decode_len", "top_k", "top_p",
-                                             "lenience", "recompute_cross_attention"))
+                                             "lenience", "recompute_cross_attention",
+                                             "partitioner"))
 def _generate(target: Model, draft: Optional[Model], input_ids, rng, temperature, *, gamma: int,
               max_decode_len: int, top_k: int, top_p: float, lenience: float,
-              recompute_cross_attention: bool):
+              recompute_cross_attention: bool, partitioner: Optional[Partitioner] = None):
     """One program per shape and static setting; the temperature is traced, so greedy and
-    sampled decodes share it (`SamplingConfig.greedy`)."""
+    sampled decodes share it (`SamplingConfig.greedy`). rng: [B] keys. With a partitioner the
+    caches are sharded by their logical axes (rows over 'data', heads over 'model'); the
+    loops' per-row state follows the rows."""
     sampling = SamplingConfig(temperature, top_k, top_p)
     B = input_ids.shape[0]
-    rng = row_keys(rng, B)                                                     # [B]
     eos = target.config.eos_id
+
+    def setup(model: Model, length: int):
+        cache = init_cache(model, input_ids, length, recompute_cross_attention)
+        return cache if partitioner is None else partitioner.constrain(cache, cache_axes(cache))
     if draft is None:
-        cache = init_cache(target, input_ids, max_decode_len, recompute_cross_attention)
-        return plain_decode(step_fn(target), cache, B, max_decode_len, eos, sampling, rng)
+        return plain_decode(step_fn(target), setup(target, max_decode_len), B, max_decode_len,
+                            eos, sampling, rng)
     # The verify pass writes up to position m + gamma <= max_decode_len + gamma - 1.
     length = max_decode_len + gamma + 1
-    tcache = init_cache(target, input_ids, length, recompute_cross_attention)
-    dcache = init_cache(draft, input_ids, length, recompute_cross_attention)
+    tcache, dcache = setup(target, length), setup(draft, length)
     return speculative_decode(step_fn(target), tcache, step_fn(draft), dcache, B,
                               max_decode_len, eos, gamma, sampling, rng, lenience)
 
@@ -119,7 +125,8 @@ def generate(model: Model, input_ids, draft: Optional[Model] = None, gamma: int 
              top_k: Optional[int] = None, top_p: Optional[float] = None, rng=None,
              lenience: float = 1.0, recompute_cross_attention: bool = False,
              max_input_len: Optional[int] = None,
-             sampling: Optional[SamplingConfig] = None) -> GenerateOutput:
+             sampling: Optional[SamplingConfig] = None,
+             partitioner: Optional[Partitioner] = None) -> GenerateOutput:
     """Decode `input_ids` (int32 [B, S], 0 = pad) with `model`; with a `draft`, speculatively.
 
     The output distribution is exactly the target's (greedy: identical tokens) unless
@@ -130,7 +137,10 @@ def generate(model: Model, input_ids, draft: Optional[Model] = None, gamma: int 
     sampling: a `SamplingConfig` instead of temperature / top_k / top_p (give one or the
     other); temperature 0 (the default) is argmax.
     rng: one PRNG key, or one per row ([B]: a row's samples then depend on its key alone,
-    not on the batch it is decoded in; the `decode` command keys each input by its index)."""
+    not on the batch it is decoded in; the `decode` command keys each input by its index).
+    partitioner: run on its mesh: the models' parameters placed as it places them (moved
+    there if they are not), rows split over 'data' (padded with copies of the last row to a
+    multiple of its size), caches' heads over 'model'. Same tokens as unpartitioned."""
     if not isinstance(model, Model):
         raise TypeError(f"model must be a speculative_t5.Model, got {type(model).__name__}")
     gamma, max_decode_len = check_int("gamma", gamma, 1), check_int("max_decode_len", max_decode_len, 1)
@@ -160,11 +170,31 @@ def generate(model: Model, input_ids, draft: Optional[Model] = None, gamma: int 
                          "decode shorter outputs or fewer rows at a time")
     rng = jax.random.PRNGKey(0) if rng is None else jnp.asarray(rng)
     keys_per_row(rng, ids.shape[0])  # a bad shape is a clear error now, not in tracing
+    rows = ids.shape[0]
+    keys = row_keys(rng, rows)                                                 # [B]
+    ids = jnp.asarray(ids, jnp.int32)
+    if partitioner is not None:
+        if not isinstance(partitioner, Partitioner):
+            raise TypeError(f"partitioner must be a speculative_t5.Partitioner, got "
+                            f"{type(partitioner).__name__}")
+        model = partitioner.shard(model, "target")
+        draft = None if draft is None else partitioner.shard(draft, "draft")
+        ids, keys = _pad_rows(ids, partitioner.data_size), _pad_rows(keys, partitioner.data_size)
+        ids = jax.device_put(ids, partitioner.sharding(("batch", "length")))
+        keys = jax.device_put(keys, partitioner.sharding(("batch",)))
     tokens, lengths, stats = _generate(
-        model, draft, jnp.asarray(ids, jnp.int32), rng, jnp.float32(sampling.temperature),
+        model, draft, ids, keys, jnp.float32(sampling.temperature),
         gamma=gamma if draft else 0, max_decode_len=max_decode_len, top_k=sampling.top_k,
         top_p=sampling.top_p, lenience=float(lenience),
-        recompute_cross_attention=bool(recompute_cross_attention))
-    stats = {k: np.asarray(v) for k, v in jax.device_get(stats).items()}
+        recompute_cross_attention=bool(recompute_cross_attention), partitioner=partitioner)
+    tokens, lengths = np.asarray(tokens)[:rows], np.asarray(lengths)[:rows]
+    stats = {k: np.asarray(v)[:rows] for k, v in jax.device_get(stats).items()}
     stats.update(gamma=gamma if draft else 0, exact=lenience == 1.0, lenience=float(lenience))
-    return GenerateOutput(np.asarray(tokens), np.asarray(lengths), stats)
+    return GenerateOutput(tokens, lengths, stats)
+
+
+def _pad_rows(x, multiple: int):
+    """x [B, ...] with copies of its last row appended up to a multiple of `multiple` rows (a
+    copy of a row with its key decodes exactly as that row, so the loop ends no later)."""
+    extra = -x.shape[0] % multiple
+    return x if not extra else jnp.concatenate([x, jnp.repeat(x[-1:], extra, axis=0)])

@@ -123,7 +123,8 @@ def test_compiled_once_and_one_while_loop(target, drafts, inputs):
         return str(jax.make_jaxpr(lambda t, d, x, r: _generate(
             t, d, x, r, jnp.float32(0.7), gamma=3, max_decode_len=max_len, top_k=0, top_p=1.0,
             lenience=1.0, recompute_cross_attention=False))(
-                target, drafts["perturbed"], jnp.asarray(inputs), jax.random.PRNGKey(0)))
+                target, drafts["perturbed"], jnp.asarray(inputs),
+                jax.random.split(jax.random.PRNGKey(0), len(inputs))))
 
     short, long = jaxpr(11), jaxpr(41)
     assert short.count("while[") == 1          # the rounds loop ...

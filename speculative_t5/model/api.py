@@ -122,6 +122,17 @@ def init_cache(model: Model, input_ids: Array, max_len: int,
             "cross": cross, "encoded": encoded, "encoder_mask": input_ids != c.pad_id}
 
 
+def cache_axes(cache: Dict[str, Any]) -> Dict[str, Any]:
+    """Logical axis names of every array in an `init_cache` cache (the same tree), so a
+    partitioner can shard it: batch rows over 'data', heads over 'model'."""
+    return {"self": [{"k": ("batch", "length", "heads", "kv"), "v": ("batch", "length", "heads", "kv")}
+                     for _ in cache["self"]],
+            "cross": None if cache["cross"] is None else [
+                (("batch", "heads", "kv", "length"), ("batch", "heads", "length", "kv"))
+                for _ in cache["cross"]],
+            "encoded": ("batch", "length", "embed"), "encoder_mask": ("batch", "length")}
+
+
 @jax.jit
 def decode(model: Model, cache: Dict[str, Any], tokens: Array, pos: Array):
     """One decoder pass over tokens [B, K] at positions pos[B].. -> (float32 logits [B, K, V], cache).

@@ -1,0 +1,168 @@
+"""`Partitioner`: a ('data', 'model') device mesh and T5X's logical axis rules.
+
+T5X's names and meaning (`t5x.partitioning.PjitPartitioner`): `num_partitions` devices
+hold one copy of the model, each a 1/num_partitions slice of every partitioned parameter
+(vocab, mlp, heads, joined_kv over 'model'); the remaining factor of the device count runs
+copies side by side on different rows of the batch ('data'). The model only names its axes
+(`model.api.param_axes`, `model.api.cache_axes`); this module turns names into shardings.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Sequence, Tuple
+
+import flax.linen as nn
+import gin
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from speculative_t5.model.api import Model, param_axes, param_shapes
+from speculative_t5.model.config import T5Config
+
+# t5x.partitioning.standard_logical_axis_rules() with 1-D parameter and activation
+# partitioning: the rules every T5X gin file starts from.
+STANDARD_RULES: Tuple[Tuple[str, Optional[str]], ...] = (
+    ("batch", "data"), ("vocab", "model"), ("embed", None), ("mlp", "model"),
+    ("heads", "model"), ("kv", None), ("joined_kv", "model"), ("relpos_buckets", None),
+    ("abspos_buckets", None), ("length", None), ("layers", None), ("stack", None),
+    ("mlp_activations", None))
+DRAFT_MODES = ("replicated", "partitioned")
+
+
+def _mesh_devices(devices: Sequence[Any], num_partitions: int) -> np.ndarray:
+    """[data, model] devices: a model group never spans processes when it fits in one
+    (devices sorted by process, then id), and on TPU follows the physical topology."""
+    devices = sorted(devices, key=lambda d: (d.process_index, d.id))
+    shape = (len(devices) // num_partitions, num_partitions)
+    if devices[0].platform == "tpu":
+        from jax.experimental import mesh_utils
+        try:
+            return mesh_utils.create_device_mesh(shape, devices)
+        except (AssertionError, ValueError, NotImplementedError):
+            pass  # a subset of a slice: plain order
+    return np.asarray(devices, dtype=object).reshape(shape)
+
+
+@gin.configurable
+class Partitioner:
+    """A ('data', 'model') mesh over `devices` (default: every device of every process).
+
+    num_partitions: devices per model copy ('model' axis size); must divide the device count.
+    model_parallel_submesh: T5X's TPU form, e.g. (2, 2, 1, 1): the same as num_partitions =
+        the product of its entries (give one or the other).
+    logical_axis_rules: (logical name, mesh axis or None) pairs; default T5X's standard rules.
+    draft: 'replicated' (every device holds the whole draft: the usual choice for a small
+        draft) or 'partitioned' (sliced over 'model' like the target)."""
+
+    def __init__(self, num_partitions: Optional[int] = None,
+                 model_parallel_submesh: Optional[Sequence[int]] = None,
+                 logical_axis_rules: Optional[Sequence[Tuple[str, Optional[str]]]] = None,
+                 draft: str = "replicated", devices: Optional[Sequence[Any]] = None):
+        devices = list(jax.devices() if devices is None else devices)
+        if model_parallel_submesh is not None:
+            sub = tuple(int(x) for x in model_parallel_submesh)
+            if any(x < 1 for x in sub):
+                raise ValueError(f"model_parallel_submesh entries must be >= 1, got {sub}")
+            if num_partitions not in (None, math.prod(sub)):
+                raise ValueError(f"num_partitions {num_partitions} and model_parallel_submesh "
+                                 f"{sub} (= {math.prod(sub)} devices) disagree; give one")
+            num_partitions = math.prod(sub)
+        num_partitions = 1 if num_partitions is None else num_partitions
+        if isinstance(num_partitions, bool) or not isinstance(num_partitions, (int, np.integer)) \
+                or num_partitions < 1:
+            raise ValueError(f"num_partitions must be an int >= 1, got {num_partitions!r}")
+        if len(devices) % num_partitions:
+            raise ValueError(f"num_partitions {num_partitions} does not divide the {len(devices)} "
+                             "devices: the mesh is (devices / num_partitions) x num_partitions")
+        if draft not in DRAFT_MODES:
+            raise ValueError(f"draft must be one of {DRAFT_MODES}, got {draft!r}")
+        rules = STANDARD_RULES if logical_axis_rules is None else logical_axis_rules
+        self.rules = tuple((str(name), None if axis is None else str(axis)) for name, axis in rules)
+        for name, axis in self.rules:
+            if axis not in (None, "data", "model"):
+                raise ValueError(f"logical axis rule ({name!r}, {axis!r}): the mesh axes are "
+                                 "'data' and 'model'")
+        self.num_partitions = int(num_partitions)
+        self.draft = draft
+        self.mesh = Mesh(_mesh_devices(devices, self.num_partitions), ("data", "model"))
+
+    @property
+    def data_size(self) -> int:
+        return self.mesh.shape["data"]
+
+    def _key(self):
+        return (tuple(d.id for d in self.mesh.devices.flat), self.mesh.devices.shape, self.rules,
+                self.draft)
+
+    def __eq__(self, other):
+        return isinstance(other, Partitioner) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash(self._key())
+
+    def __repr__(self):
+        return (f"Partitioner(mesh data={self.data_size} x model={self.num_partitions}, "
+                f"draft={self.draft})")
+
+    # -- names -> shardings -------------------------------------------------------------
+    def spec(self, logical_axes: Optional[Sequence[Optional[str]]]) -> PartitionSpec:
+        """Logical axis names of one array -> its PartitionSpec over ('data', 'model')."""
+        if logical_axes is None:
+            return PartitionSpec()
+        return nn.logical_to_mesh_axes(tuple(logical_axes), self.rules)
+
+    def sharding(self, logical_axes: Optional[Sequence[Optional[str]]]) -> NamedSharding:
+        return NamedSharding(self.mesh, self.spec(logical_axes))
+
+    def replicated(self) -> NamedSharding:
+        return NamedSharding(self.mesh, PartitionSpec())
+
+    def param_shardings(self, config: T5Config, role: str = "target"):
+        """The parameter tree's NamedShardings; a replicated draft gets P() everywhere.
+        A partitioned dimension that the mesh axis does not divide is an error naming both."""
+        replicate = role == "draft" and self.draft == "replicated"
+        axes = param_axes(config)
+        shapes = param_shapes(config)
+
+        def one(path, spec, shape):
+            if replicate:
+                return self.replicated()
+            mesh_spec = self.spec(tuple(spec))
+            for size, axis, name in zip(shape.shape, mesh_spec, spec):
+                if axis is not None and size % self.mesh.shape[axis]:
+                    raise ValueError(
+                        f"{jax.tree_util.keystr(path)}: its '{name}' dimension ({size}) is not "
+                        f"divisible by the mesh's '{axis}' axis ({self.mesh.shape[axis]} devices); "
+                        f"choose num_partitions dividing {size}")
+            return NamedSharding(self.mesh, mesh_spec)
+        return jax.tree_util.tree_map_with_path(
+            one, axes, shapes, is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+    def shard(self, model: Model, role: str = "target") -> Model:
+        """`model` with every parameter placed in its shards (a no-op when already placed)."""
+        shardings = self.param_shardings(model.config, role)
+        return Model(model.config, jax.tree_util.tree_map(jax.device_put, model.params, shardings))
+
+    def check(self, model: Model, role: str = "target") -> None:
+        """Raise unless `model`'s parameters are placed as this partitioner places them."""
+        want = self.param_shardings(model.config, role)
+        for (path, x), s in zip(jax.tree_util.tree_leaves_with_path(model.params),
+                                jax.tree_util.tree_leaves(want)):
+            have = getattr(x, "sharding", None)
+            if have is None or not have.is_equivalent_to(s, x.ndim):
+                raise ValueError(f"{role} parameter {jax.tree_util.keystr(path)} is not placed "
+                                 f"on this partitioner's mesh ({have}); load the model with "
+                                 "load_checkpoint(..., partitioner=p) or call p.shard(model)")
+
+    def constrain(self, tree: Any, axes: Any) -> Any:
+        """with_sharding_constraint on every array of `tree` by its logical `axes` (same tree,
+        a tuple of names per array); inside jit."""
+        return jax.tree_util.tree_map(
+            lambda a, x: jax.lax.with_sharding_constraint(x, self.sharding(a)), axes, tree,
+            is_leaf=_is_axes)
+
+
+def _is_axes(a) -> bool:
+    """One array's logical axes: a tuple of names (None = not partitioned)."""
+    return isinstance(a, tuple) and all(n is None or isinstance(n, str) for n in a)
