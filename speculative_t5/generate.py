@@ -38,15 +38,16 @@ def _generate(target: Model, draft: Optional[Model], input_ids, rng, temperature
     B = input_ids.shape[0]
     eos = target.config.eos_id
 
-    def setup(model: Model, length: int):
+    def setup(model: Model, length: int, role: str = "target"):
         cache = init_cache(model, input_ids, length, recompute_cross_attention)
-        return cache if partitioner is None else partitioner.constrain(cache, cache_axes(cache))
+        return cache if partitioner is None else partitioner.constrain(
+            cache, cache_axes(cache), role)
     if draft is None:
         return plain_decode(step_fn(target), setup(target, max_decode_len), B, max_decode_len,
                             eos, sampling, rng)
     # The verify pass writes up to position m + gamma <= max_decode_len + gamma - 1.
     length = max_decode_len + gamma + 1
-    tcache, dcache = setup(target, length), setup(draft, length)
+    tcache, dcache = setup(target, length), setup(draft, length, "draft")
     return speculative_decode(step_fn(target), tcache, step_fn(draft), dcache, B,
                               max_decode_len, eos, gamma, sampling, rng, lenience)
 
@@ -97,7 +98,7 @@ def decode_bytes(target: Model, draft: Optional[Model], batch: int, input_len: i
 
 def device_memory() -> int:
     """Bytes free on the default device (host memory for a CPU; 0 when unknown)."""
-    stats = jax.devices()[0].memory_stats() or {}
+    stats = jax.local_devices()[0].memory_stats() or {}
     if "bytes_limit" in stats:
         return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
     return host_memory()
@@ -179,22 +180,39 @@ def generate(model: Model, input_ids, draft: Optional[Model] = None, gamma: int 
                             f"{type(partitioner).__name__}")
         model = partitioner.shard(model, "target")
         draft = None if draft is None else partitioner.shard(draft, "draft")
-        ids, keys = _pad_rows(ids, partitioner.data_size), _pad_rows(keys, partitioner.data_size)
-        ids = jax.device_put(ids, partitioner.sharding(("batch", "length")))
-        keys = jax.device_put(keys, partitioner.sharding(("batch",)))
+        # host copies, placed straight into a global sharding (every process passes the same)
+        if jnp.issubdtype(keys.dtype, jax.dtypes.prng_key):
+            keys = jax.random.key_data(keys)                                   # [B, 2] uint32
+        ids = jax.device_put(_pad_rows(np.asarray(ids), partitioner.data_size),
+                             partitioner.sharding(("batch", "length")))
+        keys = jax.device_put(_pad_rows(np.asarray(keys), partitioner.data_size),
+                              partitioner.sharding(("batch",)))
     tokens, lengths, stats = _generate(
         model, draft, ids, keys, jnp.float32(sampling.temperature),
         gamma=gamma if draft else 0, max_decode_len=max_decode_len, top_k=sampling.top_k,
         top_p=sampling.top_p, lenience=float(lenience),
         recompute_cross_attention=bool(recompute_cross_attention), partitioner=partitioner)
-    tokens, lengths = np.asarray(tokens)[:rows], np.asarray(lengths)[:rows]
-    stats = {k: np.asarray(v)[:rows] for k, v in jax.device_get(stats).items()}
+    tokens, lengths, stats = _to_host((tokens, lengths, stats))
+    tokens, lengths = tokens[:rows], lengths[:rows]
+    stats = {k: v[:rows] for k, v in stats.items()}
     stats.update(gamma=gamma if draft else 0, exact=lenience == 1.0, lenience=float(lenience))
     return GenerateOutput(tokens, lengths, stats)
+
+
+def _to_host(tree):
+    """numpy copies of a tree of arrays; an array spread over several processes' devices
+    (multi-host) is gathered first, so every process gets the whole batch."""
+    from jax.experimental import multihost_utils
+
+    def one(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return np.asarray(x)
+    return jax.tree_util.tree_map(one, tree)
 
 
 def _pad_rows(x, multiple: int):
     """x [B, ...] with copies of its last row appended up to a multiple of `multiple` rows (a
     copy of a row with its key decodes exactly as that row, so the loop ends no later)."""
     extra = -x.shape[0] % multiple
-    return x if not extra else jnp.concatenate([x, jnp.repeat(x[-1:], extra, axis=0)])
+    return x if not extra else np.concatenate([x, np.repeat(x[-1:], extra, axis=0)])

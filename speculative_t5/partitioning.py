@@ -155,9 +155,13 @@ class Partitioner:
                                  f"on this partitioner's mesh ({have}); load the model with "
                                  "load_checkpoint(..., partitioner=p) or call p.shard(model)")
 
-    def constrain(self, tree: Any, axes: Any) -> Any:
+    def constrain(self, tree: Any, axes: Any, role: str = "target") -> Any:
         """with_sharding_constraint on every array of `tree` by its logical `axes` (same tree,
-        a tuple of names per array); inside jit."""
+        a tuple of names per array); inside jit. A replicated draft's arrays keep only their
+        rows split (over 'data'): its steps then need no communication at all."""
+        if role == "draft" and self.draft == "replicated":
+            axes = jax.tree_util.tree_map(
+                lambda a: tuple(n if n == "batch" else None for n in a), axes, is_leaf=_is_axes)
         return jax.tree_util.tree_map(
             lambda a, x: jax.lax.with_sharding_constraint(x, self.sharding(a)), axes, tree,
             is_leaf=_is_axes)
@@ -166,3 +170,25 @@ class Partitioner:
 def _is_axes(a) -> bool:
     """One array's logical axes: a tuple of names (None = not partitioned)."""
     return isinstance(a, tuple) and all(n is None or isinstance(n, str) for n in a)
+
+
+def initialize_distributed(coordinator_address: Optional[str] = None,
+                           num_processes: Optional[int] = None,
+                           process_id: Optional[int] = None, auto: bool = False) -> bool:
+    """Join JAX's distributed runtime, so the mesh spans every process's devices (each
+    process then runs the same program in lock-step). Explicit address/count/id for any
+    cluster (and tests on localhost); `auto` lets JAX find them (Cloud TPU pod slices,
+    SLURM, Open MPI). Returns whether it initialized; must run before any device is used."""
+    given = [coordinator_address is not None, num_processes is not None, process_id is not None]
+    if any(given) and not all(given):
+        raise ValueError("give --coordinator_address, --num_processes and --process_id together "
+                         "(or --multiprocess alone to let JAX find them)")
+    if all(given):
+        if not 0 <= process_id < num_processes:
+            raise ValueError(f"process_id {process_id} is outside [0, {num_processes})")
+        jax.distributed.initialize(coordinator_address, num_processes, process_id)
+        return True
+    if auto:
+        jax.distributed.initialize()
+        return True
+    return False

@@ -5,7 +5,7 @@ the full parameter tree (names, shapes, finite values) before returning a model.
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from speculative_t5.checkpoints.common import CheckpointError
 from speculative_t5.checkpoints.hf import WEIGHT_FILES, export_hf, load_hf
@@ -14,6 +14,9 @@ from speculative_t5.checkpoints.t5x import (LEGACY_FILE, ORBAX_MARKERS, latest_s
                                             load_t5x)
 from speculative_t5.model.api import Model
 from speculative_t5.model.config import T5Config
+
+if TYPE_CHECKING:
+    from speculative_t5.partitioning import Partitioner
 
 FORMATS = ("hf", "native", "t5x", "t5x_orbax")
 
@@ -43,26 +46,32 @@ def detect_format(path: str) -> str:
 
 
 def load_checkpoint(path: str, config: Optional[T5Config] = None, dtype: Optional[str] = None,
-                    format: Optional[str] = None,
-                    activation_dtype: Optional[str] = None) -> Model:
+                    format: Optional[str] = None, activation_dtype: Optional[str] = None,
+                    partitioner: Optional["Partitioner"] = None, role: str = "target") -> Model:
     """Load a T5 from a Hugging Face, T5X or native directory.
 
     config: optional; checked against the checkpoint (T5X stores none, so it is inferred).
     dtype:  parameter dtype to hold in memory ('float32', 'bfloat16'); default as configured.
     activation_dtype: the dtype the model computes in (T5X's `ACTIVATION_DTYPE`; T5X runs
             bfloat16 on TPU); default as configured (float32). Logits stay float32.
+    partitioner: a `Partitioner`: every parameter is read shard by shard straight onto its
+            devices as `partitioner.param_shardings(config, role)` places it, so no process
+            holds the whole model (role 'target' or 'draft': a replicated draft is whole on
+            every device). A dimension the mesh does not divide is a ValueError.
     A T5X model dir holding checkpoint_<step>/ subdirectories loads its latest step."""
+    if role not in ("target", "draft"):
+        raise ValueError(f"role must be 'target' or 'draft', got {role!r}")
     path = os.fspath(path)
     if format is None and os.path.isdir(path) and not (
             set(os.listdir(path)) & ({"config.json", MARKER, LEGACY_FILE} | set(ORBAX_MARKERS))):
         path = latest_step_dir(path) or path
     fmt = format or detect_format(path)
     if fmt == "hf":
-        model = load_hf(path, config, dtype)
+        model = load_hf(path, config, dtype, partitioner, role)
     elif fmt == "native":
-        model = load_native(path, config, dtype)
+        model = load_native(path, config, dtype, partitioner, role)
     elif fmt in ("t5x", "t5x_orbax"):
-        model = load_t5x(path, config, dtype, fmt)
+        model = load_t5x(path, config, dtype, fmt, partitioner, role)
     else:
         raise CheckpointError(f"unknown checkpoint format {fmt!r}; known: {FORMATS}")
     if activation_dtype is not None:

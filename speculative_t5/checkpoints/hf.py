@@ -15,12 +15,12 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Dict, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 import numpy as np
 
-from speculative_t5.checkpoints.common import (CheckpointError, build_model, expected_shapes,
-                                               flat_params)
+from speculative_t5.checkpoints.common import (CheckpointError, build_model, build_sharded,
+                                               expected_shapes, flat_params)
 from speculative_t5.model.api import Model
 from speculative_t5.model.config import T5Config
 
@@ -86,27 +86,62 @@ def _weight_files(path: str):
     raise CheckpointError(f"{path}: no {' or '.join(WEIGHT_FILES)} found")
 
 
-def _read_tensors(file: str) -> Dict[str, np.ndarray]:
+def _read_tensors(file: str, lazy: bool = False) -> Dict[str, Any]:
+    """{HF name: tensor} of one weight file: numpy arrays, or `_Lazy` ones (lazy=True) read
+    a slice at a time (safetensors from its memory map, torch from a memory-mapped load)."""
     if not os.path.exists(file):
         raise CheckpointError(f"{file}: weight file listed in the index does not exist")
     if file.endswith(".safetensors"):
-        from safetensors import SafetensorError
+        import ml_dtypes  # noqa: F401  (numpy learns 'bfloat16', which safetensors asks for)
+        from safetensors import SafetensorError, safe_open
         from safetensors.numpy import load_file
         try:
-            return load_file(file)
+            if not lazy:
+                return load_file(file)
+            handle = safe_open(file, framework="numpy")
+            slices = {k: handle.get_slice(k) for k in handle.keys()}
         except (SafetensorError, OSError, ValueError) as e:
             raise CheckpointError(f"{file}: cannot read safetensors file ({e})") from None
+        return {k: _Lazy(tuple(v.get_shape()), v.__getitem__, file, k) for k, v in slices.items()}
     try:
         import torch
     except ImportError:
         raise CheckpointError(f"{file}: reading pytorch_model.bin needs torch "
                               "(pip install torch), or convert it to model.safetensors") from None
     try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
+        state = torch.load(file, map_location="cpu", weights_only=True, mmap=lazy)
     except Exception as e:  # torch raises several types for truncated/corrupt archives
         raise CheckpointError(f"{file}: cannot read PyTorch checkpoint ({type(e).__name__}: {e})") from None
-    return {k: v.float().numpy() if v.dtype == torch.bfloat16 else v.numpy()
-            for k, v in state.items()}
+    if lazy:
+        return {k: _Lazy(tuple(v.shape), lambda index, v=v: _numpy(v[index]), file, k)
+                for k, v in state.items()}
+    return {k: _numpy(v) for k, v in state.items()}
+
+
+def _numpy(t) -> np.ndarray:
+    """A torch tensor as numpy (bfloat16, which numpy lacks, widened to float32)."""
+    import torch
+    return t.float().numpy() if t.dtype == torch.bfloat16 else t.numpy()
+
+
+class _Lazy:
+    """A tensor in a weight file, known by its shape until `read(index)` reads a slice."""
+
+    def __init__(self, shape: tuple, getter: Callable[[tuple], Any], file: str, name: str):
+        self.shape, self.getter, self.file, self.name = shape, getter, file, name
+
+    def read(self, index: tuple) -> np.ndarray:
+        try:
+            return np.asarray(self.getter(index))
+        except Exception as e:  # safetensors/torch raise several types on a corrupt file
+            raise CheckpointError(f"{self.file}: cannot read tensor {self.name} "
+                                  f"({type(e).__name__}: {e})") from None
+
+    @property
+    def T(self) -> "_Lazy":
+        """HF Linear [out, in] -> T5X kernel [in, out]: slice the stored tensor at the
+        reversed index and transpose only that slice."""
+        return _Lazy(self.shape[::-1], lambda index: self.read(index[::-1]).T, self.file, self.name)
 
 
 def read_hf_config(path: str) -> Tuple[T5Config, dict]:
@@ -123,8 +158,10 @@ def read_hf_config(path: str) -> Tuple[T5Config, dict]:
         raise CheckpointError(f"{file}: {e}") from None
 
 
-def load_hf(path: str, config: T5Config | None = None, dtype: str | None = None) -> Model:
-    """Read a Hugging Face T5 directory into a Model (config from its config.json)."""
+def load_hf(path: str, config: T5Config | None = None, dtype: str | None = None,
+            partitioner=None, role: str = "target") -> Model:
+    """Read a Hugging Face T5 directory into a Model (config from its config.json); with a
+    partitioner each tensor is read slice by slice into its shards."""
     file_config, raw = read_hf_config(path)
     if config is not None and config.replace(param_dtype=file_config.param_dtype,
                                              dtype=file_config.dtype) != file_config:
@@ -136,7 +173,7 @@ def load_hf(path: str, config: T5Config | None = None, dtype: str | None = None)
     tensors: Dict[str, np.ndarray] = {}
     origin: Dict[str, str] = {}
     for file in _weight_files(path):
-        for k, v in _read_tensors(file).items():
+        for k, v in _read_tensors(file, lazy=partitioner is not None).items():
             tensors[k], origin[k] = v, file
     if "shared.weight" not in tensors and "encoder.embed_tokens.weight" in tensors:
         tensors["shared.weight"] = tensors["encoder.embed_tokens.weight"]
@@ -155,6 +192,8 @@ def load_hf(path: str, config: T5Config | None = None, dtype: str | None = None)
     if extra:
         raise CheckpointError(f"{path}: unexpected tensor(s) {', '.join(extra[:5])} for the "
                               f"architecture in config.json (in {origin[extra[0]]})")
+    if partitioner is not None:
+        return build_sharded(config, flat, path, names, partitioner, role)
     return build_model(config, flat, path, names)
 
 

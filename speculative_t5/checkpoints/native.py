@@ -11,7 +11,8 @@ import numpy as np
 from flax import traverse_util
 
 from speculative_t5.checkpoints.common import (CheckpointError, build_model, check_shapes,
-                                               flat_params, orbax_shapes)
+                                               flat_params, orbax_metadata, orbax_shapes,
+                                               restore_orbax)
 from speculative_t5.model.api import Model
 from speculative_t5.model.config import T5Config
 
@@ -35,7 +36,9 @@ def save_native(model: Model, path: str, overwrite: bool = False) -> None:
                    "config": model.config.to_dict()}, f, indent=2)
 
 
-def load_native(path: str, config: Optional[T5Config] = None, dtype: Optional[str] = None) -> Model:
+def load_native(path: str, config: Optional[T5Config] = None, dtype: Optional[str] = None,
+                partitioner=None, role: str = "target") -> Model:
+    """A native directory; with a partitioner each tensor is restored into its shards."""
     import orbax.checkpoint as ocp
     marker = os.path.join(path, MARKER)
     try:
@@ -54,6 +57,8 @@ def load_native(path: str, config: Optional[T5Config] = None, dtype: Optional[st
     if dtype:
         config = config.replace(param_dtype=dtype)
     params_dir = os.path.join(os.path.abspath(path), "params")
+    if partitioner is not None:
+        return restore_orbax(params_dir, config, orbax_metadata(params_dir), partitioner, role)
     check_shapes(config, orbax_shapes(params_dir), params_dir)  # before restoring anything
     try:
         with ocp.StandardCheckpointer() as ckptr:

@@ -18,13 +18,13 @@ import copy
 import os
 import re
 from types import SimpleNamespace
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 from flax import serialization, traverse_util
 
-from speculative_t5.checkpoints.common import (CheckpointError, build_model, check_shapes,
-                                               orbax_shapes)
+from speculative_t5.checkpoints.common import (CheckpointError, build_model, build_sharded,
+                                               check_shapes, orbax_metadata, restore_orbax)
 from speculative_t5.model.api import Model
 from speculative_t5.model.config import T5Config
 
@@ -45,22 +45,28 @@ def _is_spec(path, value) -> bool:
 
 class _Stored:
     """A tensorstore array opened for its metadata only and read when numpy asks for it
-    (`build_model` does, after checking its declared shape against the config), so hostile
-    metadata (a shape of 10^12 elements) is refused before anything is allocated."""
+    (`build_model` does, after checking its declared shape against the config), or one
+    shard at a time (`read`, for `build_sharded`), so hostile metadata (a shape of 10^12
+    elements) is refused before anything is allocated."""
 
     def __init__(self, store, where: str, name: str, version: int):
         self.store, self.where, self.name, self.version = store, where, name, version
         self.shape = tuple(int(n) for n in store.shape)
         self.dtype = np.dtype(store.dtype.numpy_dtype)
 
-    def __array__(self, dtype=None, copy=None):
+    def read(self, index: Optional[tuple] = None) -> np.ndarray:
+        """The whole array, or the slices `index` of it (only the chunks they touch)."""
         try:
-            arr = self.store.read().result()
+            arr = (self.store if index is None else self.store[index]).read().result()
         except Exception as e:  # tensorstore raises ValueError/OSError subclasses by status
             raise CheckpointError(f"{self.where}: cannot read tensor {self.name} ({e})") from None
         if self.version < 3 and arr.dtype == np.uint16:
             import ml_dtypes
             arr = arr.view(ml_dtypes.bfloat16)
+        return arr
+
+    def __array__(self, dtype=None, copy=None):
+        arr = self.read()
         return arr if dtype is None else arr.astype(dtype)
 
 
@@ -109,20 +115,27 @@ def read_legacy(directory: str) -> Dict[str, Any]:
             for k, v in flat.items()}
 
 
-def read_orbax(directory: str) -> Dict[str, Any]:
-    """Flat parameters of a T5X orbax checkpoint (train state {'target': params, 'state': ...},
-    possibly under a `state/` item directory)."""
-    import orbax.checkpoint as ocp
+def orbax_params(directory: str) -> Tuple[str, Tuple[str, ...], Dict[str, Any]]:
+    """(item directory, key of the parameters in the tree, {path: (shape, dtype)} of the
+    parameters) of a T5X orbax checkpoint (train state {'target': params, 'state': ...},
+    possibly under a `state/` item directory), from its metadata alone."""
     if os.path.isdir(os.path.join(directory, "state")):
         directory = os.path.join(directory, "state")
-    # the declared shapes first: an impossible architecture or a tensor of 10^12 elements
-    # fails here, before orbax allocates anything
-    declared = orbax_shapes(directory)
+    declared = orbax_metadata(directory)
     for key in ("target", "params"):
         inner = {k[len(key) + 1:]: v for k, v in declared.items() if k.startswith(key + "/")}
         if inner:
-            declared = inner
-            break
+            return directory, (key,), inner
+    return directory, (), declared
+
+
+def read_orbax(directory: str) -> Dict[str, Any]:
+    """Flat parameters of a T5X orbax checkpoint (`orbax_params`), restored to the host."""
+    import orbax.checkpoint as ocp
+    directory, _, declared = orbax_params(directory)
+    declared = {k: shape for k, (shape, _) in declared.items()}
+    # the declared shapes first: an impossible architecture or a tensor of 10^12 elements
+    # fails here, before orbax allocates anything
     config = _infer(declared, directory)
     check_shapes(config, declared, directory)
     try:
@@ -176,9 +189,24 @@ def _infer(shapes: Dict[str, Any], directory: str) -> T5Config:
 
 
 def load_t5x(directory: str, config: Optional[T5Config] = None, dtype: Optional[str] = None,
-             fmt: str = "t5x") -> Model:
+             fmt: str = "t5x", partitioner=None, role: str = "target") -> Model:
+    """A legacy or orbax T5X checkpoint; with a partitioner each tensor goes straight into
+    its shards (legacy: tensorstore reads each shard's slice; orbax: restored sharded)."""
+    if partitioner is not None and fmt != "t5x":
+        item, prefix, declared = orbax_params(directory)
+        shapes = {k: shape for k, (shape, _) in declared.items()}
+        config = _resolve_config(_infer(shapes, item), config, dtype, directory)
+        return restore_orbax(item, config, declared, partitioner, role, prefix)
     flat = read_legacy(directory) if fmt == "t5x" else read_orbax(directory)
-    inferred = _infer(flat, directory)
+    config = _resolve_config(_infer(flat, directory), config, dtype, directory)
+    if partitioner is not None:
+        return build_sharded(config, flat, directory, None, partitioner, role)
+    return build_model(config, flat, directory)
+
+
+def _resolve_config(inferred: T5Config, config: Optional[T5Config], dtype: Optional[str],
+                    directory: str) -> T5Config:
+    """The inferred architecture, or the given config when the shapes agree with it."""
     if config is None:
         config = inferred
     else:
@@ -191,7 +219,7 @@ def load_t5x(directory: str, config: Optional[T5Config] = None, dtype: Optional[
                                   + ", ".join(bad))
     if dtype:
         config = config.replace(param_dtype=dtype)
-    return build_model(config, flat, directory)
+    return config
 
 
 def latest_step_dir(directory: str) -> Optional[str]:

@@ -101,6 +101,22 @@ COMMANDS: Dict[str, Command] = {
                               "speculative_t5.experiments.drivers:walltime_table", DRIVER_OPTIONS),
     "gamma_sweep": Command("paper Figure 5: speedup and operations against gamma",
                            "speculative_t5.experiments.drivers:gamma_sweep", DRIVER_OPTIONS),
+    "plan": Command(
+        "bytes per device, fits per chip and HBM roofline times; nothing allocated",
+        "speculative_t5.measure.plan:plan_command",
+        (("--target", dict(help="a T5Config preset (t5_1_1_xxl) or a checkpoint directory "
+                                "(only its config is read)")),
+         ("--draft", dict(help="draft preset or checkpoint directory")),
+         *((f"--{name}", dict(type=typ)) for name, typ in (
+             ("num_partitions", int), ("num_devices", int), ("batch", int),
+             ("input_length", int), ("max_decode_len", int), ("gamma", int), ("alpha", float))),
+         ("--dtype", dict(choices=DTYPES, help="parameter dtype (bfloat16 halves parameters)")),
+         ("--activation_dtype", dict(choices=DTYPES, help="activation and cache dtype")),
+         ("--draft_partitioning", dict(choices=("replicated", "partitioned"))),
+         ("--chip", dict(choices=("v4", "v5e", "h100", "h200"), help="the chip to mark")),
+         ("--json", dict(dest="as_json", action="store_true", default=None,
+                         help="print every number as one JSON object"))),
+        "--target (or the gin binding plan.target)"),
 }
 
 
@@ -110,6 +126,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--gin_file", action="append", default=[], help="gin file (repeatable)")
     p.add_argument("--gin_search_paths", default="", help="comma-separated gin search paths")
     p.add_argument("--debug", action="store_true", help="show a traceback for user errors too")
+    # multi-host (T5X's flags): every process runs the same command; see README "On a TPU VM"
+    p.add_argument("--multiprocess", action="store_true",
+                   help="join JAX's distributed runtime, found automatically (TPU pod slices, "
+                        "SLURM, Open MPI)")
+    p.add_argument("--coordinator_address", help="host:port of process 0 (other clusters)")
+    p.add_argument("--num_processes", type=int, help="processes in the run")
+    p.add_argument("--process_id", type=int, help="this process's index, 0 = coordinator")
     sub = p.add_subparsers(dest="command", required=True)
     for name, command in COMMANDS.items():
         sp = sub.add_parser(name, help=command.help)
@@ -153,6 +176,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(rest)
     files = args.gin_file + args.sub_gin_file
     paths = [s for s in (args.gin_search_paths + "," + args.sub_gin_search_paths).split(",") if s]
+    from speculative_t5.partitioning import initialize_distributed
+    try:
+        initialize_distributed(args.coordinator_address, args.num_processes, args.process_id,
+                               auto=args.multiprocess)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
     enable_compile_cache()
     command = COMMANDS[args.command]
     # importing every command's module registers all gin configurables before parsing

@@ -16,6 +16,7 @@ from typing import Any, Dict, Optional
 import gin
 import jax
 import jax.numpy as jnp
+import numpy as np
 from tqdm import tqdm
 
 from speculative_t5.checkpoints import load_checkpoint
@@ -25,6 +26,7 @@ from speculative_t5.decoding.output import combine
 from speculative_t5.experiments.rundir import JsonlLog, fingerprint
 from speculative_t5.generate import (check_int, check_lenience, check_pair, generate,
                                      sampling_config)
+from speculative_t5.partitioning import Partitioner
 
 LENGTH_BUCKET = 16  # inputs are padded to a multiple of this, so few shapes are compiled
 DTYPES = (None, "float32", "bfloat16", "float16")
@@ -35,14 +37,45 @@ def _identity(path: Optional[str]) -> Optional[Dict[str, Any]]:
                                       "fingerprint": fingerprint(path)}
 
 
+def _open_log(output: str, run: Dict[str, Any], n: int):
+    """(the output log, the example indices already in it). With several processes (one
+    program in lock-step, outputs gathered to all) only the coordinator, process 0, reads
+    and writes the file; it tells the others what is done, or that it refused the file."""
+    if jax.process_count() == 1:
+        os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+        log = JsonlLog(output, key="index", header=run)  # resumes this run only
+        return log, set(log.done)
+    from jax.experimental import multihost_utils
+    log, error, mask = None, None, np.zeros(n + 1, np.int32)  # mask[n]: the coordinator refused
+    if jax.process_index() == 0:
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+            log = JsonlLog(output, key="index", header=run)
+            mask[sorted(log.done)] = 1
+        except (ValueError, OSError) as e:
+            error, mask[n] = e, 1
+    mask = np.asarray(multihost_utils.broadcast_one_to_all(mask))
+    if error is not None:
+        raise error
+    if mask[n]:
+        raise ValueError(f"process 0 refused --output {output} (its message says why)")
+    return log, set(np.flatnonzero(mask[:n]).tolist())
+
+
 @gin.configurable(denylist=["quiet"])
 def decode(target: str = gin.REQUIRED, input_file: str = gin.REQUIRED,
            output: str = gin.REQUIRED, draft: Optional[str] = None, vocab: Optional[str] = None,
            gamma: int = 4, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
            lenience: float = 1.0, max_decode_len: int = 64, max_input_len: int = 512,
            batch_size: int = 8, seed: int = 0, prefix: str = "", dtype: Optional[str] = None,
-           activation_dtype: Optional[str] = None, quiet: bool = False) -> dict:
-    """Decode every line of `input_file`; one JSONL record per example in `output`."""
+           activation_dtype: Optional[str] = None, partitioner: Optional[Partitioner] = None,
+           quiet: bool = False) -> dict:
+    """Decode every line of `input_file`; one JSONL record per example in `output`.
+
+    partitioner: the mesh to run on; default `Partitioner()`, configured by gin the T5X way
+    (`--gin.Partitioner.num_partitions=4`): the models load straight into their shards and
+    each batch's rows spread over 'data'. Several processes (`--multiprocess` or
+    `--coordinator_address ...`) run every batch together; process 0 writes the output."""
     # every option is checked before anything is read, written or loaded
     sampling = sampling_config(None, temperature, top_k, top_p)
     gamma, max_decode_len = check_int("gamma", gamma, 1), check_int("max_decode_len", max_decode_len, 1)
@@ -68,16 +101,18 @@ def decode(target: str = gin.REQUIRED, input_file: str = gin.REQUIRED,
            "prefix": prefix, "gamma": gamma if draft else None, **sampling._asdict(),
            "lenience": lenience, "max_decode_len": max_decode_len, "seed": seed,
            "dtype": dtype, "activation_dtype": activation_dtype}
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    log = JsonlLog(output, key="index", header=run)  # resumes this run only
-    done = log.done
+    log, done = _open_log(output, run, len(examples))
     todo = [i for i in range(len(examples)) if i not in done]
-    interrupt.progress(lambda: f"{len(log.done)} of {len(examples)} records saved in {output}")
+    if log is not None:
+        interrupt.progress(lambda: f"{len(log.done)} of {len(examples)} records saved in {output}")
+    quiet = quiet or jax.process_index() > 0
+    partitioner = partitioner or Partitioner()
     rows, seconds_total = [], 0.0
     if todo:
-        target_model = load_checkpoint(target, dtype=dtype, activation_dtype=activation_dtype)
-        draft_model = load_checkpoint(draft, dtype=dtype,
-                                      activation_dtype=activation_dtype) if draft else None
+        target_model = load_checkpoint(target, dtype=dtype, activation_dtype=activation_dtype,
+                                       partitioner=partitioner)
+        draft_model = load_checkpoint(draft, dtype=dtype, activation_dtype=activation_dtype,
+                                      partitioner=partitioner, role="draft") if draft else None
         vocabulary.check_fits(target_model.config.vocab_size)
         if draft_model is not None:
             check_pair(target_model, draft_model)
@@ -93,7 +128,7 @@ def decode(target: str = gin.REQUIRED, input_file: str = gin.REQUIRED,
         t0 = time.perf_counter()
         res = generate(target_model, ids, draft=draft_model, gamma=gamma,
                        max_decode_len=max_decode_len, sampling=sampling, lenience=lenience,
-                       rng=keys)
+                       rng=keys, partitioner=partitioner)
         seconds = time.perf_counter() - t0
         for row, i in enumerate(idx):
             stats = res.row(row)
@@ -104,7 +139,8 @@ def decode(target: str = gin.REQUIRED, input_file: str = gin.REQUIRED,
                       "batch_seconds": round(seconds, 4), "exact": bool(res.stats["exact"])}
             if examples[i][1] is not None:
                 record["reference"] = examples[i][1]
-            log.append(record)
+            if log is not None:
+                log.append(record)
             rows.append(dict(stats, length=n))
         seconds_total += seconds
         bar.update(len(idx))

@@ -18,6 +18,7 @@ import numpy as np
 
 from speculative_t5.data import Vocabulary, bucket, pad_to, read_inputs, truncate
 from speculative_t5.decoding import SamplingConfig
+from speculative_t5.partitioning import Partitioner
 
 Example = Dict[str, Any]  # {id, inputs: [int] (EOS-terminated), input_text, reference}
 
@@ -42,6 +43,7 @@ class Cell:
     paper: Dict[str, Optional[float]]  # the paper's own alpha / speedup for this cell
     input_width: Optional[int] = None  # pad every input to this; None: length buckets
     activation_dtype: Optional[str] = None  # None: the checkpoint's (float32)
+    partitioner: Optional[Partitioner] = None  # gin: Partitioner.num_partitions = N
 
     def width(self, example: Example) -> int:
         """The encoder width an example is decoded at: its length bucket (the next power of
@@ -56,12 +58,15 @@ class Cell:
         return pad_to([e["inputs"] for e in examples], width)
 
     def load_models(self):
-        """(target, draft, vocabulary), checked to fit together."""
+        """(target, draft, vocabulary), checked to fit together. On several devices the
+        models load into the cell's partitioner's shards (the draft replicated unless it
+        says otherwise), and every decode of the cell runs model-parallel over them."""
         from speculative_t5.checkpoints import load_checkpoint
         from speculative_t5.generate import check_pair
-        target = load_checkpoint(self.target, dtype=self.dtype,
+        part = self.partitioner if self.partitioner and self.partitioner.mesh.size > 1 else None
+        target = load_checkpoint(self.target, dtype=self.dtype, partitioner=part,
                                  activation_dtype=self.activation_dtype)
-        draft = load_checkpoint(self.draft, dtype=self.dtype,
+        draft = load_checkpoint(self.draft, dtype=self.dtype, partitioner=part, role="draft",
                                 activation_dtype=self.activation_dtype)
         vocab = Vocabulary(self.vocabulary)
         try:  # before any timing, not at the first decode
@@ -141,7 +146,7 @@ def paper_cell(name: str, target: str = gin.REQUIRED, draft: str = gin.REQUIRED,
                 top_k=top_k, top_p=float(top_p), gamma=gamma, max_decode_len=max_decode_len,
                 dtype=dtype, metric=metric, seed=seed,
                 paper={"alpha": paper_alpha, "speedup": paper_speedup}, input_width=input_width,
-                activation_dtype=activation_dtype)
+                activation_dtype=activation_dtype, partitioner=Partitioner())
 
 
 @gin.configurable
