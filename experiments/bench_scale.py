@@ -5,12 +5,14 @@
 1. Writes once (kept in --dir) a T5.1.1-XL-shaped random checkpoint (2.85B parameters) in
    T5X's legacy format, bfloat16, one tensor at a time (tensorstore zarr), and a
    t5_1_1_small-shaped draft beside it.
-2. Loads the target with `Partitioner(num_partitions=N)` straight into its shards and
-   reports load seconds and peak host memory (this process's max RSS) against the
-   parameter bytes: the loader must not hold a second copy (goal <= 1.3x).
+2. Loads the target (float32 in memory: XLA's CPU dots upcast bfloat16 weights, which
+   would hold a float32 copy of them) with `Partitioner(num_partitions=N)` straight into its shards and
+   reports load seconds and peak host memory (this process's max RSS, the draft not yet
+   loaded) against the parameter bytes: the loader must not hold a second copy (goal <= 1.3x).
 3. A short greedy plain and speculative decode on the mesh: compile seconds, ms per target
    step, tokens per call.
-4. The same decodes unpartitioned (whole model on one device), tokens compared.
+4. The same decodes unpartitioned (whole model on one device, run first in a subprocess
+   of its own so the two copies never share this machine's memory), tokens compared.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import argparse
 import json
 import os
 import resource
+import subprocess
 import sys
 import time
 
@@ -83,6 +86,20 @@ def timed_decodes(target, draft, ids, partitioner, max_len, gamma):
     return out
 
 
+def load(path: str, partitioner=None, role: str = "target"):
+    return st.load_checkpoint(path, partitioner=partitioner, role=role, dtype="float32",
+                              activation_dtype="float32")
+
+
+def one_device(args) -> dict:
+    """The unpartitioned decodes (this process sees one device)."""
+    target, draft = load(os.path.join(args.dir, "xl")), load(os.path.join(args.dir, "small"))
+    return timed_decodes(target, draft, IDS, None, args.max_decode_len, args.gamma)
+
+
+IDS = np.random.default_rng(0).integers(2, 32000, (1, 32))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -90,43 +107,39 @@ def main():
     p.add_argument("--num_partitions", type=int, default=8)
     p.add_argument("--max_decode_len", type=int, default=8)
     p.add_argument("--gamma", type=int, default=3)
-    p.add_argument("--skip_unpartitioned", action="store_true")
+    p.add_argument("--one_device", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.one_device:
+        print(json.dumps(one_device(args)))
+        return
     bf16 = dict(param_dtype="bfloat16", dtype="bfloat16")
-    xl = st.T5Config.preset("t5_1_1_xl", **bf16)
-    small = st.T5Config.preset("t5_1_1_small", **bf16)
     t0 = time.perf_counter()
-    write_random_t5x(xl, os.path.join(args.dir, "xl"), 0)
-    write_random_t5x(small, os.path.join(args.dir, "small"), 1)
-    report = {"devices": jax.device_count(), "write_s": round(time.perf_counter() - t0, 1),
-              "rss_before_load": peak_rss()}
+    write_random_t5x(st.T5Config.preset("t5_1_1_xl", **bf16), os.path.join(args.dir, "xl"), 0)
+    write_random_t5x(st.T5Config.preset("t5_1_1_small", **bf16), os.path.join(args.dir, "small"), 1)
+    report = {"devices": jax.device_count(), "write_s": round(time.perf_counter() - t0, 1)}
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    proc = subprocess.run([sys.executable, __file__, "--one_device", *sys.argv[1:]], env=env,
+                          capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"the one-device run failed:\n{proc.stderr[-2000:]}")
+    report["one_device"] = json.loads(proc.stdout.strip().splitlines()[-1])
+    report["rss_before_load"] = peak_rss()
     part = st.Partitioner(num_partitions=args.num_partitions)
     t0 = time.perf_counter()
-    target = st.load_checkpoint(os.path.join(args.dir, "xl"), partitioner=part,
-                                activation_dtype="bfloat16")
+    target = load(os.path.join(args.dir, "xl"), part)
     report["load_s"] = round(time.perf_counter() - t0, 1)
     report["param_bytes"] = target.num_bytes()
     report["peak_rss_after_load"] = peak_rss()
     report["peak_over_params"] = round(report["peak_rss_after_load"] / report["param_bytes"], 3)
-    draft = st.load_checkpoint(os.path.join(args.dir, "small"), partitioner=part, role="draft",
-                               activation_dtype="bfloat16")
+    # a replicated draft is one copy per device: 8 copies in this one host's memory
+    draft = load(os.path.join(args.dir, "small"), part, role="draft")
     leaf = target.params["decoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]
     report["shard_of_mlp_wi_0"] = [list(leaf.shape), list(leaf.addressable_shards[0].data.shape)]
-    ids = np.random.default_rng(0).integers(2, 32000, (1, 32))
-    report["partitioned"] = timed_decodes(target, draft, ids, part, args.max_decode_len, args.gamma)
+    report["partitioned"] = timed_decodes(target, draft, IDS, part, args.max_decode_len, args.gamma)
     report["peak_rss_after_decode"] = peak_rss()
-    if not args.skip_unpartitioned:
-        del target, draft
-        one = st.Partitioner(num_partitions=1, devices=jax.devices()[:1])
-        target = st.load_checkpoint(os.path.join(args.dir, "xl"), partitioner=one,
-                                    activation_dtype="bfloat16")
-        draft = st.load_checkpoint(os.path.join(args.dir, "small"), partitioner=one,
-                                   role="draft", activation_dtype="bfloat16")
-        report["one_device"] = timed_decodes(target, draft, ids, one, args.max_decode_len,
-                                             args.gamma)
-        report["tokens_identical"] = {
-            k: report["one_device"][k]["tokens"] == report["partitioned"][k]["tokens"]
-            for k in ("plain", "speculative")}
+    report["tokens_identical"] = {
+        k: report["one_device"][k]["tokens"] == report["partitioned"][k]["tokens"]
+        for k in ("plain", "speculative")}
     json.dump(report, sys.stdout, indent=1)
     print()
 
