@@ -14,7 +14,8 @@ import numpy as np
 
 from speculative_t5.decoding.loops import plain_decode, speculative_decode
 from speculative_t5.decoding.output import GenerateOutput
-from speculative_t5.decoding.sampling import SamplingConfig, keys_per_row, row_keys
+from speculative_t5.decoding.sampling import (SamplingConfig, check_verification, keys_per_row,
+                                              row_keys)
 from speculative_t5.model.api import Model, cache_axes, decode, host_memory, init_cache
 from speculative_t5.partitioning import Partitioner
 
@@ -25,11 +26,12 @@ def step_fn(model: Model):
 
 
 @functools.partial(jax.jit, static_argnames=("gamma", "max_decode_len", "top_k", "top_p",
-                                             "lenience", "recompute_cross_attention",
-                                             "partitioner"))
+                                             "lenience", "verification",
+                                             "recompute_cross_attention", "partitioner"))
 def _generate(target: Model, draft: Optional[Model], input_ids, rng, temperature, *, gamma: int,
               max_decode_len: int, top_k: int, top_p: float, lenience: float,
-              recompute_cross_attention: bool, partitioner: Optional[Partitioner] = None):
+              recompute_cross_attention: bool, partitioner: Optional[Partitioner] = None,
+              verification: str = "token"):
     """One program per shape and static setting; the temperature is traced, so greedy and
     sampled decodes share it (`SamplingConfig.greedy`). rng: [B] keys. With a partitioner the
     caches are sharded by their logical axes (rows over 'data', heads over 'model'); the
@@ -49,7 +51,7 @@ def _generate(target: Model, draft: Optional[Model], input_ids, rng, temperature
     length = max_decode_len + gamma + 1
     tcache, dcache = setup(target, length), setup(draft, length, "draft")
     return speculative_decode(step_fn(target), tcache, step_fn(draft), dcache, B,
-                              max_decode_len, eos, gamma, sampling, rng, lenience)
+                              max_decode_len, eos, gamma, sampling, rng, lenience, verification)
 
 
 def check_int(name: str, value, lo: int) -> int:
@@ -127,7 +129,8 @@ def generate(model: Model, input_ids, draft: Optional[Model] = None, gamma: int 
              lenience: float = 1.0, recompute_cross_attention: bool = False,
              max_input_len: Optional[int] = None,
              sampling: Optional[SamplingConfig] = None,
-             partitioner: Optional[Partitioner] = None) -> GenerateOutput:
+             partitioner: Optional[Partitioner] = None,
+             verification: str = "token") -> GenerateOutput:
     """Decode `input_ids` (int32 [B, S], 0 = pad) with `model`; with a `draft`, speculatively.
 
     The output distribution is exactly the target's (greedy: identical tokens) unless
@@ -141,12 +144,15 @@ def generate(model: Model, input_ids, draft: Optional[Model] = None, gamma: int 
     not on the batch it is decoded in; the `decode` command keys each input by its index).
     partitioner: run on its mesh: the models' parameters placed as it places them (moved
     there if they are not), rows split over 'data' (padded with copies of the last row to a
-    multiple of its size), caches' heads over 'model'. Same tokens as unpartitioned."""
+    multiple of its size), caches' heads over 'model'. Same tokens as unpartitioned.
+    verification: with a draft, "token" (Algorithm 1, token by token; the default) or "block"
+    (Sun et al. 2025, Algorithm 2: the block judged jointly; as exact, never fewer tokens per
+    call on average, identical when greedy; lenience must then be 1)."""
     if not isinstance(model, Model):
         raise TypeError(f"model must be a speculative_t5.Model, got {type(model).__name__}")
     gamma, max_decode_len = check_int("gamma", gamma, 1), check_int("max_decode_len", max_decode_len, 1)
     sampling = sampling_config(sampling, temperature, top_k, top_p)
-    check_lenience(lenience)
+    check_verification(verification, check_lenience(lenience))
     if draft is not None:
         check_pair(model, draft)
     ids = np.asarray(input_ids)
@@ -191,11 +197,13 @@ def generate(model: Model, input_ids, draft: Optional[Model] = None, gamma: int 
         model, draft, ids, keys, jnp.float32(sampling.temperature),
         gamma=gamma if draft else 0, max_decode_len=max_decode_len, top_k=sampling.top_k,
         top_p=sampling.top_p, lenience=float(lenience),
+        verification=verification if draft else "token",
         recompute_cross_attention=bool(recompute_cross_attention), partitioner=partitioner)
     tokens, lengths, stats = _to_host((tokens, lengths, stats))
     tokens, lengths = tokens[:rows], lengths[:rows]
     stats = {k: v[:rows] for k, v in stats.items()}
-    stats.update(gamma=gamma if draft else 0, exact=lenience == 1.0, lenience=float(lenience))
+    stats.update(gamma=gamma if draft else 0, exact=lenience == 1.0, lenience=float(lenience),
+                 verification=verification if draft else None)
     return GenerateOutput(tokens, lengths, stats)
 
 

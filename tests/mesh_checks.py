@@ -29,7 +29,9 @@ def decodes(results):
     runs = {"plain greedy": {}, "spec greedy": dict(draft=draft, gamma=3),
             "spec T=1": dict(draft=draft, gamma=3, temperature=1.0),
             "spec top-k top-p": dict(draft=draft, gamma=2, temperature=0.8, top_k=20, top_p=0.9),
-            "plain T=1": dict(temperature=1.0)}
+            "plain T=1": dict(temperature=1.0),
+            "spec block top-k top-p": dict(draft=draft, gamma=3, temperature=0.9, top_k=30,
+                                           top_p=0.95, verification="block")}
     refs = {name: st.generate(target, ids, max_decode_len=24, rng=jax.random.PRNGKey(3), **kw)
             for name, kw in runs.items()}
     logits = np.asarray(st.forward(target, ids, dec))

@@ -3,7 +3,8 @@
   speculative-t5 demo [--output_dir D] [--num_examples N] [--gamma G] [--temperature T]
   speculative-t5 convert --from PATH --to PATH [--format native|hf] [--dtype bfloat16]
   speculative-t5 decode --target PATH [--draft PATH] --input_file F --output F.jsonl
-      [--vocab spiece.model] [--gamma 4] [--temperature 0] [--top_k 0] [--top_p 1] ...
+      [--vocab spiece.model] [--gamma 4] [--temperature 0] [--top_k 0] [--top_p 1]
+      [--verification token|block] ...
   speculative-t5 train --gin_file=configs/demo_target.gin [--gin.train.steps=100]
   speculative-t5 distill --gin_file=configs/demo_draft.gin
   speculative-t5 walltime_table --cell configs/paper/ende_t5_small_t0.gin [--cell ...]
@@ -84,6 +85,8 @@ COMMANDS: Dict[str, Command] = {
              ("gamma", int), ("temperature", float), ("top_k", int), ("top_p", float),
              ("lenience", float), ("max_decode_len", int), ("max_input_len", int),
              ("batch_size", int), ("seed", int))),
+         ("--verification", dict(help="token (Algorithm 1, the default) or block (Sun et al. "
+                                 "2025: the draft block verified jointly)")),
          ("--prefix", dict(help="text prepended to every input, e.g. 'summarize: '")),
          ("--dtype", dict(choices=DTYPES, help="parameter dtype in memory")),
          ("--activation_dtype", dict(choices=DTYPES, help="compute dtype (T5X's "

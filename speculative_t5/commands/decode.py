@@ -23,6 +23,7 @@ from speculative_t5.checkpoints import load_checkpoint
 from speculative_t5.commands import interrupt
 from speculative_t5.data import find_vocabulary, pad_rows, pad_to, read_inputs
 from speculative_t5.decoding.output import combine
+from speculative_t5.decoding.sampling import check_verification
 from speculative_t5.experiments.rundir import JsonlLog, fingerprint
 from speculative_t5.generate import (check_int, check_lenience, check_pair, generate,
                                      sampling_config)
@@ -69,19 +70,21 @@ def decode(target: str = gin.REQUIRED, input_file: str = gin.REQUIRED,
            lenience: float = 1.0, max_decode_len: int = 64, max_input_len: int = 512,
            batch_size: int = 8, seed: int = 0, prefix: str = "", dtype: Optional[str] = None,
            activation_dtype: Optional[str] = None, partitioner: Optional[Partitioner] = None,
-           quiet: bool = False) -> dict:
+           verification: str = "token", quiet: bool = False) -> dict:
     """Decode every line of `input_file`; one JSONL record per example in `output`.
 
     partitioner: the mesh to run on; default `Partitioner()`, configured by gin the T5X way
     (`--gin.Partitioner.num_partitions=4`): the models load straight into their shards and
     each batch's rows spread over 'data'. Several processes (`--multiprocess` or
-    `--coordinator_address ...`) run every batch together; process 0 writes the output."""
+    `--coordinator_address ...`) run every batch together; process 0 writes the output.
+    verification: "token" (default) or "block", as in `st.generate`; part of the run."""
     # every option is checked before anything is read, written or loaded
     sampling = sampling_config(None, temperature, top_k, top_p)
     gamma, max_decode_len = check_int("gamma", gamma, 1), check_int("max_decode_len", max_decode_len, 1)
     max_input_len, batch_size = (check_int("max_input_len", max_input_len, 1),
                                  check_int("batch_size", batch_size, 1))
     seed, lenience = check_int("seed", seed, 0), check_lenience(lenience)
+    verification = check_verification(verification, lenience)
     for name, value in (("dtype", dtype), ("activation_dtype", activation_dtype)):
         if value not in DTYPES:
             raise ValueError(f"{name} must be one of {DTYPES[1:]}, got {value!r}")
@@ -100,7 +103,8 @@ def decode(target: str = gin.REQUIRED, input_file: str = gin.REQUIRED,
            "vocabulary": _identity(vocabulary.path), "input_file": _identity(input_file),
            "prefix": prefix, "gamma": gamma if draft else None, **sampling._asdict(),
            "lenience": lenience, "max_decode_len": max_decode_len, "seed": seed,
-           "dtype": dtype, "activation_dtype": activation_dtype}
+           "dtype": dtype, "activation_dtype": activation_dtype,
+           "verification": verification if draft else None}
     log, done = _open_log(output, run, len(examples))
     todo = [i for i in range(len(examples)) if i not in done]
     if log is not None:
@@ -128,7 +132,7 @@ def decode(target: str = gin.REQUIRED, input_file: str = gin.REQUIRED,
         t0 = time.perf_counter()
         res = generate(target_model, ids, draft=draft_model, gamma=gamma,
                        max_decode_len=max_decode_len, sampling=sampling, lenience=lenience,
-                       rng=keys, partitioner=partitioner)
+                       verification=verification, rng=keys, partitioner=partitioner)
         seconds = time.perf_counter() - t0
         for row, i in enumerate(idx):
             stats = res.row(row)

@@ -3,4 +3,4 @@
 This layer knows only step functions (`logits, cache = step(cache, tokens, pos)`), never a
 model: `speculative_t5.generate` builds those from models and calls the loops."""
 from speculative_t5.decoding.output import GenerateOutput
-from speculative_t5.decoding.sampling import SamplingConfig, adjust, verify
+from speculative_t5.decoding.sampling import SamplingConfig, adjust, verify, verify_block

@@ -1,4 +1,5 @@
-"""The decode loops: plain (one token per target call) and speculative (Algorithm 1).
+"""The decode loops: plain (one token per target call) and speculative (Algorithm 1, with
+token-wise or block verification).
 
 Each is one `lax.while_loop` (no host round-trip per token or round) over a batch of rows
 with per-row state. The loops know nothing of T5: a model is a step function
@@ -17,8 +18,8 @@ import jax
 import jax.numpy as jnp
 
 from speculative_t5.decoding.output import emit, init_stats, record_call
-from speculative_t5.decoding.sampling import (SamplingConfig, adjust, choose, fold_rows,
-                                              split_rows, verify)
+from speculative_t5.decoding.sampling import (VERIFIERS, SamplingConfig, adjust, choose,
+                                              check_verification, fold_rows, split_rows)
 
 Array = jax.Array
 StepFn = Callable[[Any, Array, Array], Tuple[Array, Any]]
@@ -74,10 +75,13 @@ def plain_decode(step: StepFn, cache: Any, batch: int, max_len: int, eos_id: int
 
 def speculative_decode(target: StepFn, target_cache: Any, draft: StepFn, draft_cache: Any,
                        batch: int, max_len: int, eos_id: int, gamma: int,
-                       sampling: SamplingConfig, rng: Array, lenience: float = 1.0):
+                       sampling: SamplingConfig, rng: Array, lenience: float = 1.0,
+                       verification: str = "token"):
     """Algorithm 1 of Leviathan et al. (2023), batched; every row emits >= 1 token a round.
-    rng [B]: a PRNG key per row."""
+    rng [B]: a PRNG key per row. verification: "token" (`verify`) or "block" (`verify_block`,
+    Sun et al. 2025) decides how many drafts a round accepts."""
     greedy = sampling.greedy
+    verify = VERIFIERS[check_verification(verification, lenience)]
     no = jnp.zeros((batch,), bool)
     state = SpeculativeState(jnp.zeros((batch, max_len + 2), jnp.int32),
                              jnp.zeros((batch,), jnp.int32), no, no, target_cache, draft_cache,

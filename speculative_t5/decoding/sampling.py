@@ -1,9 +1,11 @@
-"""Sampling rules shared by target and draft, and the speculative accept/reject rule.
+"""Sampling rules shared by target and draft, and the speculative accept/reject rules.
 
 `adjust` turns logits into the distribution a token is actually sampled from
 (temperature, top-k, top-p). Speculative decoding applies the same adjustment to the
 target's p and the draft's q, so `q` in the accept test is exactly what the draft sampled
-from (HF #32867 is the bug this avoids).
+from (HF #32867 is the bug this avoids). Two verifications (`VERIFIERS`), same inputs and
+outputs: token-wise `verify` (Leviathan et al., Algorithm 1) and `verify_block` (Sun et
+al. 2025, Algorithm 2: the whole draft block judged jointly, never fewer accepted).
 """
 from __future__ import annotations
 
@@ -118,39 +120,138 @@ def choose(rng: Array, probs: Array, greedy) -> Array:
                   lambda p: sample(rng, p), probs)
 
 
+VERIFICATIONS = ("token", "block")
+
+
+def check_verification(verification, lenience: float = 1.0) -> str:
+    """`verification` validated: "token" (Algorithm 1) or "block" (Sun et al. 2025); block
+    verification is exact only, so lenience < 1 (token-wise, inexact) is refused with it."""
+    if verification not in VERIFICATIONS:
+        raise ValueError(f"verification must be one of {VERIFICATIONS}, got {verification!r}")
+    if verification == "block" and lenience != 1.0:
+        raise ValueError(f"lenience {lenience} < 1 is token-wise only; use verification='token' "
+                         "with lenience, or lenience=1 with verification='block'")
+    return verification
+
+
+def _prefix(ok: Array) -> Tuple[Array, Array]:
+    """ok [B, G] -> (n [B] leading True count, accepted mask [B, G])."""
+    accepted = jnp.cumprod(ok.astype(jnp.int32), axis=1)                       # [B, G]
+    return jnp.sum(accepted, axis=1), accepted.astype(bool)
+
+
+def _at(dist: Array, n: Array) -> Array:
+    """dist [B, K, V] at per-row positions n [B] -> [B, V]."""
+    return jnp.take_along_axis(dist, n[:, None, None], axis=1)[:, 0]
+
+
+def _drafted(dist: Array, drafts: Array) -> Array:
+    """dist [B, G, V] at the drafted tokens drafts [B, G] -> [B, G]."""
+    return jnp.take_along_axis(dist, drafts[..., None], axis=-1)[..., 0]
+
+
+def _uniform(keys: Array, num: int) -> Array:
+    """num U[0, 1) draws per row with that row's key [B] -> [B, num]."""
+    return jax.vmap(lambda k: jax.random.uniform(k, (num,)))(keys)
+
+
+def _divide(a: Array, b: Array) -> Array:
+    """a / b where b > 0, else 0 (no inf or nan from an empty denominator)."""
+    return jnp.where(b > 0, a / jnp.where(b > 0, b, 1.0), 0.0)
+
+
+def _argmax_rule(p: Array, drafts: Array) -> Tuple[Array, Array, Array]:
+    """Greedy verification (token and block alike): the longest prefix of drafts equal to
+    the target's argmaxes, then the target's argmax after it."""
+    n, accepted = _prefix(drafts == jnp.argmax(p[:, :drafts.shape[1]], axis=-1))
+    return n, jnp.argmax(_at(p, n), axis=-1).astype(jnp.int32), accepted
+
+
+def _correction(key: Array, p: Array, q: Array, n: Array, weight: Array) -> Array:
+    """The token after n accepted drafts, from norm(max(0, w p_{n+1} - q_{n+1})) with q_{G+1}
+    = 0 (so from p_{G+1} when all G were accepted). Token-wise w = 1; block w = p_n of
+    Sun et al. keys [B], p [B, G+1, V], q [B, G, V], n [B], weight [B] -> int32 [B]."""
+    p_next = _at(p, n)                                                         # [B, V]
+    q_next = _at(jnp.concatenate([q, jnp.zeros_like(q[:, :1])], axis=1), n)    # 0 when n == G
+    residual = jnp.maximum(weight[:, None] * p_next - q_next, 0.0)
+    # a stop (a rejection) happens only where the residual has mass; guard round-off anyway
+    residual = jnp.where(jnp.sum(residual, -1, keepdims=True) > 0, residual, p_next)
+    return sample(key, residual)
+
+
 def verify(rng: Array, p: Array, q: Array, drafts: Array, greedy,
            lenience: float = 1.0) -> Tuple[Array, Array, Array]:
     """Algorithm 1's accept/reject for a batch of rows.
 
     rng [B]: one key per row. p [B, G+1, V] target distributions, q [B, G, V] the draft
-    distributions the drafts [B, G] were sampled from. Accept draft i with probability min(1, p_i(x)/(l q_i(x))),
-    left to right, stopping at the first rejection (greedy: accept iff x_i is p_i's argmax).
-    Returns (n [B] accepted drafts, next token [B], accepted mask [B, G]): the next token
-    comes from norm(max(0, p_{n+1} - q_{n+1})) after a rejection, from p_{G+1} otherwise."""
-    B, G = drafts.shape
+    distributions the drafts [B, G] were sampled from. Accept draft i with probability
+    min(1, p_i(x)/(l q_i(x))), left to right, stopping at the first rejection (greedy:
+    accept iff x_i is p_i's argmax). Returns (n [B] accepted drafts, next token [B], accepted
+    mask [B, G]): the next token comes from norm(max(0, p_{n+1} - q_{n+1})) after a
+    rejection, from p_{G+1} otherwise."""
+    G = drafts.shape[1]
     k_accept, k_next = split_rows(rng, 2)
 
-    def prefix(ok):                                                            # [B, G] -> n, mask
-        accepted = jnp.cumprod(ok.astype(jnp.int32), axis=1)                   # [B, G]
-        return jnp.sum(accepted, axis=1), accepted.astype(bool)
+    def sampled_rule(p, q):
+        u = _uniform(k_accept, G)                                              # [B, G]
+        # u < min(1, p/(l q)), not dividing by q
+        n, accepted = _prefix(u * lenience * _drafted(q, drafts) < _drafted(p[:, :G], drafts))
+        return n, _correction(k_next, p, q, n, jnp.ones(n.shape, p.dtype)), accepted
 
-    def at(dist, n):                                                           # [B, K, V] -> [B, V]
-        return jnp.take_along_axis(dist, n[:, None, None], axis=1)[:, 0]
+    return branch(greedy, lambda p, q: _argmax_rule(p, drafts), sampled_rule, p, q)
 
-    def argmax_rule(p, q):
-        n, accepted = prefix(drafts == jnp.argmax(p[:, :G], axis=-1))
-        return n, jnp.argmax(at(p, n), axis=-1).astype(jnp.int32), accepted
+
+def block_weights(p: Array, q: Array, drafts: Array) -> Tuple[Array, Array]:
+    """Sun et al. (2025), Algorithm 2's weights and stop probabilities for a batch of rows.
+
+    p [B, G+1, V], q [B, G, V], drafts [B, G] as in `verify`. Returns
+      w [B, G+1]: w_0 = 1, w_i = min(w_{i-1} p_i(x_i) / q_i(x_i), 1)       (their p_i)
+      h [B, G]:   column i-1 holds h_i, the probability of stopping at i (i accepted):
+                  h_i = r_i / (r_i + 1 - w_i), r_i = sum_x max(w_i p_{i+1}(x) - q_{i+1}(x), 0)
+                  for i < G (0 where r_i = 0: no residual to sample), h_G = w_G.
+    Here p_i, q_i are the distributions of draft i given the i-1 before it (the paper's
+    M_b(. | c, X^{i-1}), M_s(. | c, X^{i-1}))."""
+    B, G = drafts.shape
+    p_x, q_x = _drafted(p[:, :G], drafts), _drafted(q, drafts)                 # [B, G]
+
+    def weight(w, pq):                                                         # w [B]
+        p_x, q_x = pq
+        w = _divide(jnp.minimum(w * p_x, q_x), q_x)  # q_x > 0: the draft sampled x
+        return w, w
+
+    _, w = jax.lax.scan(weight, jnp.ones((B,), p.dtype), (p_x.T, q_x.T))       # [G, B]
+    w = jnp.concatenate([jnp.ones((B, 1), p.dtype), w.T], axis=1)              # [B, G+1]
+    r = jnp.sum(jnp.maximum(w[:, :G, None] * p[:, :G] - q, 0.0), axis=-1)      # [B, G] r_0..r_{G-1}
+    h = _divide(r, r + (1.0 - w[:, :G]))                                       # h_0..h_{G-1}
+    return w, jnp.concatenate([h[:, 1:], w[:, G:]], axis=1)                    # h_1..h_G
+
+
+def verify_block(rng: Array, p: Array, q: Array, drafts: Array, greedy,
+                 lenience: float = 1.0) -> Tuple[Array, Array, Array]:
+    """Block verification: Sun, Mendlovic, Leviathan, Aharoni, Beirami, Ro, Suresh, "Block
+    Verification Accelerates Speculative Decoding" (ICLR 2025, arXiv 2403.10444), Algorithm 2.
+    Same inputs and outputs as `verify`; exact, and never fewer accepted drafts on average.
+
+    With w, h from `block_weights`: draw eta_1..eta_G ~ U(0, 1) and accept
+    n = max{i : eta_i < h_i} (0 if none) drafts -- read backward, stop at i with probability
+    h_i given no stop after i. The next token comes from
+      p_res(x) = norm(max(w_n p_{n+1}(x) - q_{n+1}(x), 0))   for n < G,  p_{G+1} for n = G.
+    G = 1 is exactly Algorithm 1. Greedy (one-hot p, q) is exactly token-wise: the longest
+    argmax-matching prefix, then the target's argmax. lenience must be 1 (see
+    `check_verification`)."""
+    check_verification("block", lenience)
+    G = drafts.shape[1]
+    k_accept, k_next = split_rows(rng, 2)
 
     def sampled_rule(p, q):
-        p_x = jnp.take_along_axis(p[:, :G], drafts[..., None], axis=-1)[..., 0]  # [B, G]
-        q_x = jnp.take_along_axis(q, drafts[..., None], axis=-1)[..., 0]       # [B, G]
-        u = jax.vmap(lambda k: jax.random.uniform(k, (G,)))(k_accept)          # [B, G]
-        n, accepted = prefix(u * lenience * q_x < p_x)  # u < min(1, p/(l q)), not dividing by q
-        p_next = at(p, n)                                                      # [B, V]
-        q_next = at(jnp.concatenate([q, jnp.zeros_like(q[:, :1])], axis=1), n)  # 0 when n == G
-        residual = jnp.maximum(p_next - q_next, 0.0)
-        # after a rejection the residual has positive mass; guard float round-off anyway
-        residual = jnp.where(jnp.sum(residual, -1, keepdims=True) > 0, residual, p_next)
-        return n, sample(k_next, residual), accepted
+        w, h = block_weights(p, q, drafts)                                     # [B, G+1], [B, G]
+        eta = _uniform(k_accept, G)                                            # [B, G]
+        n = jnp.max(jnp.where(eta < h, jnp.arange(1, G + 1), 0), axis=1)       # [B]
+        accepted = jnp.arange(G)[None, :] < n[:, None]                         # [B, G]
+        w_n = jnp.take_along_axis(w, n[:, None], axis=1)[:, 0]                 # [B]
+        return n, _correction(k_next, p, q, n, w_n), accepted
 
-    return branch(greedy, argmax_rule, sampled_rule, p, q)
+    return branch(greedy, lambda p, q: _argmax_rule(p, drafts), sampled_rule, p, q)
+
+
+VERIFIERS = {"token": verify, "block": verify_block}
