@@ -63,7 +63,8 @@ def test_every_config_parses_and_builds(rel, spm):
             return  # a training config or the checkpoints template: parsing is the check
         cell = build_cell(os.path.basename(rel)[:-4], rel)
         assert len(cell.examples) == 2 and cell.gamma >= 1
-        assert cell.temperature == (1.0 if rel.endswith("_t1.gin") else 0.0)
+        assert cell.temperature == (1.0 if "_t1" in rel else 0.0)
+        assert cell.verification == ("block" if "block_verification" in text else "token")
         if cell.task in tasks.TASKS:
             assert gin.query_parameter("%PREFIX") == tasks.TASKS[cell.task]["prefix"]
             assert all(e["input_text"].startswith(tasks.TASKS[cell.task]["prefix"])

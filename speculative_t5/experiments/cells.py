@@ -18,6 +18,7 @@ import numpy as np
 
 from speculative_t5.data import Vocabulary, bucket, pad_to, read_inputs, truncate
 from speculative_t5.decoding import SamplingConfig
+from speculative_t5.decoding.sampling import check_verification
 from speculative_t5.partitioning import Partitioner
 
 Example = Dict[str, Any]  # {id, inputs: [int] (EOS-terminated), input_text, reference}
@@ -44,6 +45,7 @@ class Cell:
     input_width: Optional[int] = None  # pad every input to this; None: length buckets
     activation_dtype: Optional[str] = None  # None: the checkpoint's (float32)
     partitioner: Optional[Partitioner] = None  # gin: Partitioner.num_partitions = N
+    verification: str = "token"   # or "block" (gin/decoding/block_verification.gin)
 
     def width(self, example: Example) -> int:
         """The encoder width an example is decoded at: its length bucket (the next power of
@@ -106,7 +108,7 @@ class Cell:
         """The columns that say which cell a summary row is."""
         return {"cell": self.name, "task": self.task, "draft": self.draft_name,
                 "temperature": self.temperature, "gamma": self.gamma,
-                "examples": len(self.examples)}
+                "verification": self.verification, "examples": len(self.examples)}
 
 
 @gin.configurable(denylist=["name"])
@@ -117,7 +119,7 @@ def paper_cell(name: str, target: str = gin.REQUIRED, draft: str = gin.REQUIRED,
                dtype: Optional[str] = None, metric: Optional[str] = None, seed: int = 0,
                paper_alpha: Optional[float] = None,
                paper_speedup: Optional[float] = None, input_width: Optional[int] = None,
-               activation_dtype: Optional[str] = None) -> Cell:
+               activation_dtype: Optional[str] = None, verification: str = "token") -> Cell:
     """Build and check a Cell from the gin bindings in force."""
     from speculative_t5.data.tasks import METRICS
     for field, value in (("target", target), ("draft", draft), ("vocabulary", vocabulary)):
@@ -135,6 +137,10 @@ def paper_cell(name: str, target: str = gin.REQUIRED, draft: str = gin.REQUIRED,
                              f"'float16', got {value!r}")
     if metric is not None and metric not in METRICS:
         raise ValueError(f"cell {name}: unknown metric {metric!r}; known: {', '.join(METRICS)}")
+    try:
+        check_verification(verification)
+    except ValueError as e:
+        raise ValueError(f"cell {name}: {e}") from None
     examples = tuple(examples)
     if not examples:
         raise ValueError(f"cell {name}: no examples")
@@ -146,7 +152,8 @@ def paper_cell(name: str, target: str = gin.REQUIRED, draft: str = gin.REQUIRED,
                 top_k=top_k, top_p=float(top_p), gamma=gamma, max_decode_len=max_decode_len,
                 dtype=dtype, metric=metric, seed=seed,
                 paper={"alpha": paper_alpha, "speedup": paper_speedup}, input_width=input_width,
-                activation_dtype=activation_dtype, partitioner=Partitioner())
+                activation_dtype=activation_dtype, partitioner=Partitioner(),
+                verification=verification)
 
 
 @gin.configurable

@@ -56,7 +56,8 @@ def _measure(cell: Cell, run: RunDir, todo: List, gammas: List[int], examples: L
     timing["c_hat"] = (analysis.decode_macs_per_token(draft.config)
                        / analysis.decode_macs_per_token(target.config))
     timed.save_timing(run, timing)
-    variants = {"plain": {}, **{str(g): {"draft": draft, "gamma": g} for g in gammas}}
+    variants = {"plain": {}, **{str(g): {"draft": draft, "gamma": g,
+                                         "verification": cell.verification} for g in gammas}}
     for i, ex, x, runs in timed.timed_examples(cell, run, todo, target, variants, timing, quiet):
         seconds = {k: round(t, 6) for k, (_, t) in runs.items()}
         plain, _ = runs.pop("plain")

@@ -69,7 +69,8 @@ def _measure(cell: Cell, run: RunDir, todo: List, models, timing_rounds: int,
              t5x_baseline: bool, quiet: bool) -> None:
     target, draft, vocab = models
     timing = timed.cell_costs(run, cell, target, draft, [cell.gamma], cell.examples, timing_rounds)
-    variants = {"plain": {}, "spec": {"draft": draft, "gamma": cell.gamma}}
+    variants = {"plain": {}, "spec": {"draft": draft, "gamma": cell.gamma,
+                                      "verification": cell.verification}}
     if t5x_baseline:
         variants["plain_t5x"] = {"recompute_cross_attention": True}
     for i, ex, x, runs in timed.timed_examples(cell, run, todo, target, variants, timing, quiet):
