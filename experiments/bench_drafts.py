@@ -6,7 +6,11 @@
 draft model, `PromptLookup(max_ngram=3)` (no model) and a `Bigram` fitted on the training
 split's target sentences (no model). Counts, not timings: no noise.
 """
-import jax, numpy as np, speculative_t5 as st, time
+import time
+
+import jax
+
+import speculative_t5 as st
 from speculative_t5.experiments.cells import demo_examples
 from speculative_t5.data.demo_corpus import build_corpus
 target, draft, vocab = st.load_demo()
