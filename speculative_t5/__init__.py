@@ -17,7 +17,7 @@ __version__ = "0.1.0"
 from speculative_t5.checkpoints import (CheckpointError, detect_format, export_hf,
                                         load_checkpoint, save_checkpoint)
 from speculative_t5.checkpoints.demo import load_demo
-from speculative_t5.decoding import GenerateOutput, SamplingConfig
+from speculative_t5.decoding import GenerateOutput, SamplingConfig, drafts
 from speculative_t5.generate import generate
 from speculative_t5.partitioning import Partitioner
 from speculative_t5 import data

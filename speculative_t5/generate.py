@@ -6,12 +6,13 @@ This is the layer above both the model and the loops (T5X's split: the model sid
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from speculative_t5.decoding.drafts import ModelDraft
 from speculative_t5.decoding.loops import plain_decode, speculative_decode
 from speculative_t5.decoding.output import GenerateOutput
 from speculative_t5.decoding.sampling import (SamplingConfig, check_verification, keys_per_row,
@@ -28,29 +29,32 @@ def step_fn(model: Model):
 @functools.partial(jax.jit, static_argnames=("gamma", "max_decode_len", "top_k", "top_p",
                                              "lenience", "verification",
                                              "recompute_cross_attention", "partitioner"))
-def _generate(target: Model, draft: Optional[Model], input_ids, rng, temperature, *, gamma: int,
+def _generate(target: Model, draft: Any, input_ids, rng, temperature, *, gamma: int,
               max_decode_len: int, top_k: int, top_p: float, lenience: float,
               recompute_cross_attention: bool, partitioner: Optional[Partitioner] = None,
               verification: str = "token"):
     """One program per shape and static setting; the temperature is traced, so greedy and
     sampled decodes share it (`SamplingConfig.greedy`). rng: [B] keys. With a partitioner the
     caches are sharded by their logical axes (rows over 'data', heads over 'model'); the
-    loops' per-row state follows the rows."""
+    loops' per-row state follows the rows. draft: None (plain decode), a Model, or a
+    zero-cost draft (`decoding.drafts`; a pytree, its settings static)."""
     sampling = SamplingConfig(temperature, top_k, top_p)
     B = input_ids.shape[0]
     eos = target.config.eos_id
 
-    def setup(model: Model, length: int, role: str = "target"):
-        cache = init_cache(model, input_ids, length, recompute_cross_attention)
+    def setup(model: Model, ids, length: int, role: str = "target"):
+        cache = init_cache(model, ids, length, recompute_cross_attention)
         return cache if partitioner is None else partitioner.constrain(
             cache, cache_axes(cache), role)
     if draft is None:
-        return plain_decode(step_fn(target), setup(target, max_decode_len), B, max_decode_len,
+        return plain_decode(step_fn(target), setup(target, input_ids, max_decode_len), B, max_decode_len,
                             eos, sampling, rng)
     # The verify pass writes up to position m + gamma <= max_decode_len + gamma - 1.
     length = max_decode_len + gamma + 1
-    tcache, dcache = setup(target, length), setup(draft, length, "draft")
-    return speculative_decode(step_fn(target), tcache, step_fn(draft), dcache, B,
+    if isinstance(draft, Model):
+        draft = ModelDraft(step_fn(draft), functools.partial(setup, draft, role="draft"))
+    tcache, dstate = setup(target, input_ids, length), draft.init(input_ids, length)
+    return speculative_decode(step_fn(target), tcache, draft, dstate, B,
                               max_decode_len, eos, gamma, sampling, rng, lenience, verification)
 
 
@@ -70,7 +74,8 @@ def check_lenience(lenience) -> float:
 def check_pair(target: Model, draft: Model) -> None:
     """A draft must share the target's vocabulary and its eos / pad ids."""
     if not isinstance(draft, Model):
-        raise TypeError(f"draft must be a speculative_t5.Model, got {type(draft).__name__}")
+        raise TypeError(f"draft must be a speculative_t5.Model or a draft from st.drafts "
+                        f"(PromptLookup, Bigram), got {type(draft).__name__}")
     tc, dc = target.config, draft.config
     if dc.vocab_size != tc.vocab_size:
         raise ValueError(f"draft vocab_size {dc.vocab_size} != target vocab_size "
@@ -78,6 +83,21 @@ def check_pair(target: Model, draft: Model) -> None:
     if (dc.eos_id, dc.pad_id) != (tc.eos_id, tc.pad_id):
         raise ValueError(f"draft eos/pad ids {(dc.eos_id, dc.pad_id)} differ from the "
                          f"target's {(tc.eos_id, tc.pad_id)}")
+
+
+def check_draft(target: Model, draft):
+    """A Model draft checked by `check_pair`; a zero-cost draft (`st.drafts`: init and
+    propose) must have the target's vocabulary (a PromptLookup is given it). -> the draft."""
+    if isinstance(draft, Model) or not (hasattr(draft, "propose") and hasattr(draft, "init")):
+        check_pair(target, draft)
+        return draft
+    if getattr(draft, "vocab_size", 0) is None and hasattr(draft, "for_vocab"):
+        draft = draft.for_vocab(target.config.vocab_size)
+    V = getattr(draft, "vocab_size", None)
+    if V is not None and V != target.config.vocab_size:
+        raise ValueError(f"draft {draft!r} has vocab_size {V} != target vocab_size "
+                         f"{target.config.vocab_size}: a draft must share the target's vocabulary")
+    return draft
 
 
 def decode_bytes(target: Model, draft: Optional[Model], batch: int, input_len: int,
@@ -93,7 +113,7 @@ def decode_bytes(target: Model, draft: Optional[Model], batch: int, input_len: i
         kv = c.num_decoder_layers * 2 * batch * c.num_heads * c.head_dim * a
         return (kv * (length + input_len) + batch * input_len * (c.emb_dim + c.mlp_dim) * a
                 + batch * c.num_heads * input_len * input_len * 4)
-    total = model_bytes(target) + (model_bytes(draft) if draft is not None else 0)
+    total = model_bytes(target) + (model_bytes(draft) if isinstance(draft, Model) else 0)
     rows = 2 * gamma + 2 if draft is not None else 1
     return total + batch * (max_decode_len + 2) * 4 + batch * rows * target.config.vocab_size * 4
 
@@ -123,7 +143,7 @@ def sampling_config(sampling: Optional[SamplingConfig], temperature: Optional[fl
                             for i, v in enumerate(loose.values()))).validate()
 
 
-def generate(model: Model, input_ids, draft: Optional[Model] = None, gamma: int = 4,
+def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
              max_decode_len: int = 64, temperature: Optional[float] = None,
              top_k: Optional[int] = None, top_p: Optional[float] = None, rng=None,
              lenience: float = 1.0, recompute_cross_attention: bool = False,
@@ -132,6 +152,8 @@ def generate(model: Model, input_ids, draft: Optional[Model] = None, gamma: int 
              partitioner: Optional[Partitioner] = None,
              verification: str = "token") -> GenerateOutput:
     """Decode `input_ids` (int32 [B, S], 0 = pad) with `model`; with a `draft`, speculatively.
+    draft: another Model (same vocabulary, eos and pad ids), or a zero-cost draft from
+    `st.drafts` (`PromptLookup()`, `Bigram.fit(...)`), any object with its init / propose.
 
     The output distribution is exactly the target's (greedy: identical tokens) unless
     lenience < 1 (paper A.5: accept with min(1, p/(l q)); marked inexact in the stats).
@@ -154,7 +176,7 @@ def generate(model: Model, input_ids, draft: Optional[Model] = None, gamma: int 
     sampling = sampling_config(sampling, temperature, top_k, top_p)
     check_verification(verification, check_lenience(lenience))
     if draft is not None:
-        check_pair(model, draft)
+        draft = check_draft(model, draft)
     ids = np.asarray(input_ids)
     if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer) or ids.shape[0] == 0 \
             or ids.shape[1] == 0:
@@ -185,7 +207,7 @@ def generate(model: Model, input_ids, draft: Optional[Model] = None, gamma: int 
             raise TypeError(f"partitioner must be a speculative_t5.Partitioner, got "
                             f"{type(partitioner).__name__}")
         model = partitioner.shard(model, "target")
-        draft = None if draft is None else partitioner.shard(draft, "draft")
+        draft = partitioner.shard(draft, "draft") if isinstance(draft, Model) else draft
         # host copies, placed straight into a global sharding (every process passes the same)
         if jnp.issubdtype(keys.dtype, jax.dtypes.prng_key):
             keys = jax.random.key_data(keys)                                   # [B, 2] uint32
@@ -193,17 +215,18 @@ def generate(model: Model, input_ids, draft: Optional[Model] = None, gamma: int 
                              partitioner.sharding(("batch", "length")))
         keys = jax.device_put(_pad_rows(np.asarray(keys), partitioner.data_size),
                               partitioner.sharding(("batch",)))
+    speculative = draft is not None
     tokens, lengths, stats = _generate(
         model, draft, ids, keys, jnp.float32(sampling.temperature),
-        gamma=gamma if draft else 0, max_decode_len=max_decode_len, top_k=sampling.top_k,
-        top_p=sampling.top_p, lenience=float(lenience),
-        verification=verification if draft else "token",
+        gamma=gamma if speculative else 0, max_decode_len=max_decode_len,
+        top_k=sampling.top_k, top_p=sampling.top_p, lenience=float(lenience),
+        verification=verification if speculative else "token",
         recompute_cross_attention=bool(recompute_cross_attention), partitioner=partitioner)
     tokens, lengths, stats = _to_host((tokens, lengths, stats))
     tokens, lengths = tokens[:rows], lengths[:rows]
     stats = {k: v[:rows] for k, v in stats.items()}
-    stats.update(gamma=gamma if draft else 0, exact=lenience == 1.0, lenience=float(lenience),
-                 verification=verification if draft else None)
+    stats.update(gamma=gamma if speculative else 0, exact=lenience == 1.0,
+                 lenience=float(lenience), verification=verification if speculative else None)
     return GenerateOutput(tokens, lengths, stats)
 
 

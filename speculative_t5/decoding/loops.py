@@ -5,7 +5,9 @@ Each is one `lax.while_loop` (no host round-trip per token or round) over a batc
 with per-row state. The loops know nothing of T5: a model is a step function
     logits [B, K, V], cache = step(cache, tokens [B, K], pos [B])
 that writes tokens at positions pos..pos+K-1 of an opaque cache by overwrite, so
-positions beyond a row's accepted tokens are simply rewritten next round.
+positions beyond a row's accepted tokens are simply rewritten next round. The speculative
+loop's drafts come from a `drafts` object (`propose` -> x_1..x_gamma and the q each was
+drawn from): a draft model's step function, prompt lookup, a bigram table.
 
 Token buffer: seq[:, 0] is the start token (0), seq[:, j] the j-th emitted token y_j; the
 model's output at position j predicts y_{j+1}.
@@ -17,9 +19,10 @@ from typing import Any, Callable, Dict, NamedTuple, Tuple
 import jax
 import jax.numpy as jnp
 
+from speculative_t5.decoding.drafts import as_draft
 from speculative_t5.decoding.output import emit, init_stats, record_call
 from speculative_t5.decoding.sampling import (VERIFIERS, SamplingConfig, adjust, choose,
-                                              check_verification, fold_rows, split_rows)
+                                              check_verification, split_rows)
 
 Array = jax.Array
 StepFn = Callable[[Any, Array, Array], Tuple[Array, Any]]
@@ -40,7 +43,7 @@ class SpeculativeState(NamedTuple):
     done: Array         # [B]
     swept: Array        # [B] the last round accepted every draft (the draft missed x_gamma)
     target_cache: Any
-    draft_cache: Any
+    draft_state: Any    # the draft's own state (a draft model's cache)
     rng: Array          # [B]
     stats: Dict[str, Array]
 
@@ -73,18 +76,20 @@ def plain_decode(step: StepFn, cache: Any, batch: int, max_len: int, eos_id: int
     return s.seq[:, 1:max_len + 1], s.m, s.stats
 
 
-def speculative_decode(target: StepFn, target_cache: Any, draft: StepFn, draft_cache: Any,
+def speculative_decode(target: StepFn, target_cache: Any, draft, draft_state: Any,
                        batch: int, max_len: int, eos_id: int, gamma: int,
                        sampling: SamplingConfig, rng: Array, lenience: float = 1.0,
                        verification: str = "token"):
     """Algorithm 1 of Leviathan et al. (2023), batched; every row emits >= 1 token a round.
     rng [B]: a PRNG key per row. verification: "token" (`verify`) or "block" (`verify_block`,
-    Sun et al. 2025) decides how many drafts a round accepts."""
+    Sun et al. 2025) decides how many drafts a round accepts. draft: a `drafts.Draft` (its
+    `init` made draft_state), or a draft model's step function (draft_state its cache)."""
     greedy = sampling.greedy
+    draft = as_draft(draft)
     verify = VERIFIERS[check_verification(verification, lenience)]
     no = jnp.zeros((batch,), bool)
     state = SpeculativeState(jnp.zeros((batch, max_len + 2), jnp.int32),
-                             jnp.zeros((batch,), jnp.int32), no, no, target_cache, draft_cache,
+                             jnp.zeros((batch,), jnp.int32), no, no, target_cache, draft_state,
                              rng, init_stats(batch, gamma))
     steps = jnp.arange(gamma + 1)[None, :]                                     # [1, G+1]
 
@@ -92,32 +97,9 @@ def speculative_decode(target: StepFn, target_cache: Any, draft: StepFn, draft_c
         seq, m = s.seq, s.m
         rng, k_draft, k_verify = split_rows(s.rng, 3)
 
-        # 1. Draft gamma tokens. After a round that accepted every draft, the draft never
-        #    saw x_gamma (position m-1): then the first call feeds positions m-1 and m.
-        def feed_two(dcache):
-            start = jnp.maximum(m - 1, 0)                                      # [B]
-            logits, dcache = draft(dcache, _take(seq, start[:, None] + steps[:, :2]), start)
-            return jnp.take_along_axis(logits, (m - start)[:, None, None], 1)[:, 0], dcache
-
-        def feed_one(dcache):
-            logits, dcache = draft(dcache, _take(seq, m[:, None]), m)
-            return logits[:, 0], dcache
-
-        logits, dcache = jax.lax.cond(jnp.any(s.swept & ~s.done), feed_two, feed_one,
-                                      s.draft_cache)
-        q1 = adjust(logits, sampling)                                          # [B, V]
-        x1 = choose(fold_rows(k_draft, 0), q1, greedy)                # [B]
-        qs = jnp.zeros((batch, gamma) + q1.shape[-1:], jnp.float32).at[:, 0].set(q1)
-        xs = jnp.zeros((batch, gamma), jnp.int32).at[:, 0].set(x1)
-
-        def draft_step(i, carry):                      # feeds x_i at m+i, samples x_{i+1}
-            dcache, qs, xs = carry
-            logits, dcache = draft(dcache, jax.lax.dynamic_slice_in_dim(xs, i - 1, 1, 1), m + i)
-            q = adjust(logits[:, 0], sampling)                                 # [B, V]
-            x = choose(fold_rows(k_draft, i), q, greedy)
-            return dcache, qs.at[:, i].set(q), xs.at[:, i].set(x)
-
-        dcache, qs, xs = jax.lax.fori_loop(1, gamma, draft_step, (dcache, qs, xs))
+        # 1. Draft gamma tokens x_1..x_gamma, each drawn from its q_i.
+        xs, qs, dstate = draft.propose(s.draft_state, seq, m, s.swept & ~s.done, gamma,
+                                       sampling, k_draft)                     # [B, G], [B, G, V]
 
         # 2. Verify: one target call over [y_m, x_1..x_gamma] -> p_1..p_{gamma+1}.
         tokens = jnp.concatenate([_take(seq, m[:, None]), xs], axis=1)         # [B, G+1]
@@ -131,7 +113,7 @@ def speculative_decode(target: StepFn, target_cache: Any, draft: StepFn, draft_c
         seq, m, done, emitted = emit(seq, m, s.done, new, n + 1, eos_id, max_len)
         reached = jnp.pad(accepted[:, :-1], ((0, 0), (1, 0)), constant_values=True)
         stats = record_call(s.stats, ~s.done, emitted, gamma, accepted, reached, s.swept)
-        return SpeculativeState(seq, m, done, n == gamma, tcache, dcache, rng, stats)
+        return SpeculativeState(seq, m, done, n == gamma, tcache, dstate, rng, stats)
 
     s = jax.lax.while_loop(_running, round_, state)
     return s.seq[:, 1:max_len + 1], s.m, s.stats

@@ -1,0 +1,184 @@
+"""Zero-cost drafts (`st.drafts`): PromptLookup and Bigram behind the draft protocol.
+
+Exact by enumeration (test_exactness's chi-square at a fixed seed) whether the lookup
+matches or not, and for a bigram table; a draft reporting a wrong q is caught by the same
+test; greedy tokens identical to plain greedy, EOS inside a window included; the lookup
+proposes the most recent continuation of the longest n-gram; statistics consistent."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import speculative_t5 as st
+import test_exactness as tx
+import test_generate as tg
+from helpers import random_ids, tiny_config
+from speculative_t5.decoding.drafts import Bigram, PromptLookup, one_hot_proposal
+
+N = 60_000
+MAX_LEN = 23
+
+
+@pytest.fixture(scope="module")
+def target8():
+    return st.init_model(tx._cfg(), seed=0)
+
+
+def _seq(emitted, width=12):
+    """A loop token buffer [1, width]: the start token, then the emitted tokens."""
+    row = np.zeros((1, width), np.int32)
+    row[0, 1:1 + len(emitted)] = emitted
+    return jnp.asarray(row), jnp.asarray([len(emitted)], jnp.int32)
+
+
+def _propose(draft, input_row, emitted, gamma):
+    ids = jnp.asarray([input_row], jnp.int32)
+    seq, m = _seq(emitted)
+    xs, qs, _ = draft.propose(draft.init(ids, 16), seq, m, jnp.zeros((1,), bool), gamma,
+                              st.SamplingConfig(1.0), jax.random.split(jax.random.PRNGKey(0), 1))
+    xs = np.asarray(xs)[0]
+    np.testing.assert_array_equal(np.asarray(qs)[0], np.eye(draft.vocab_size)[xs])  # one-hot
+    return xs.tolist()
+
+
+def test_prompt_lookup_proposes_the_continuation():
+    d = PromptLookup(max_ngram=3, min_ngram=1, vocab_size=20)
+    # history: input (pads dropped) then emitted [2, 3, 4]; [2, 3, 4] occurs nowhere earlier,
+    # [3, 4] at 0 and 5 (most recent: 5 -> 9, 10, ...); [4] alone more recently (-> 11)
+    row = [3, 4, 5, 6, 7, 3, 4, 9, 10, 4, 11, 0, 0]
+    assert _propose(d, row, [2, 3, 4], 3) == [9, 10, 4]
+    # the continuation runs on into the output, then repeats with the occurrence's period
+    assert _propose(d, row, [2, 3, 4], 8) == [9, 10, 4, 11, 2, 3, 4, 9]
+    # the longest n-gram first: [10, 3, 4] occurs once, earlier than the [3, 4] above
+    assert _propose(d, [10, 3, 4, 8, 3, 4, 9], [10, 3, 4], 2) == [8, 3]
+    # the emitted tokens are searched too; the query's own position is not a match
+    assert _propose(d, [5, 6], [7, 8, 7], 3) == [8, 7, 8]
+    # no match: the last token repeated
+    assert _propose(d, [5, 6], [7, 8], 3) == [8, 8, 8]
+    # n <= m: one emitted token is a 1-gram query only
+    assert _propose(PromptLookup(3, 2, vocab_size=20), [5, 7, 6], [7], 2) == [7, 7]
+    assert _propose(d, [5, 7, 6], [7], 2) == [6, 7]
+    with pytest.raises(ValueError, match="min_ngram"):
+        PromptLookup(max_ngram=2, min_ngram=3)
+    with pytest.raises(ValueError, match="max_ngram"):
+        PromptLookup(max_ngram=0)
+
+
+def _sample(target, draft, ids, seed=0, gamma=2):
+    return st.generate(target, np.repeat(ids, N, 0), draft=draft, gamma=gamma,
+                       max_decode_len=tx.STEPS, temperature=1.0, rng=jax.random.PRNGKey(seed))
+
+
+def _pvalue(target, out, ids, monkeypatch):
+    monkeypatch.setattr(tx, "INPUT", ids)           # the enumeration conditions on this input
+    return tx.chi_square_pvalue(out.tokens, tx.exact_distribution(target, tx.SETTINGS["T=1"]))
+
+
+REPEATING = np.array([[2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 5, 6, 7, 1]], np.int32)  # every token but 0
+LOOKUPS = {"always matches": (PromptLookup(3, 1), REPEATING),       # from the second round on
+           "never matches": (PromptLookup(3, 3), tx.INPUT)}         # m < 3 within STEPS
+
+
+@pytest.mark.parametrize("case", sorted(LOOKUPS))
+def test_prompt_lookup_sampling_is_exact(target8, monkeypatch, case):
+    draft, ids = LOOKUPS[case]
+    out = _sample(target8, draft, ids)
+    summary = out.summary()
+    assert summary["exact"] and 0.05 < summary["acceptance_rate"] < 0.95, summary
+    pvalue, cells = _pvalue(target8, out, ids, monkeypatch)
+    assert cells >= 20 and pvalue > 1e-3, (case, pvalue, cells)
+    tg._check_stats(out, 2)
+
+
+def _bigram8():
+    rng = np.random.RandomState(0)
+    return Bigram.fit([rng.randint(0, 8, size=rng.randint(3, 12)) for _ in range(200)], 8,
+                      top=3, smoothing=0.5)
+
+
+def test_bigram_table():
+    b = _bigram8()
+    q = np.asarray(b.table(jnp.arange(8)))                                     # [8, 8]
+    np.testing.assert_allclose(q.sum(1), 1.0, atol=1e-6)
+    assert (q > 0).all() and b.successors.shape == (8, 3)
+    # a table fitted on one repeated sequence: its successors, most frequent first
+    c = Bigram.fit([[5, 6, 5, 7, 5, 6]], 40, top=2, smoothing=0.0)
+    assert c.successors[5].tolist() == [6, 7]
+    np.testing.assert_allclose(c.probs[5], [2 / 3, 1 / 3])
+    assert float(c.rest[5]) < 1e-7 and float(c.probs[0, 0]) == 1.0  # 0 -> 5 (start token)
+    np.testing.assert_allclose(c.table(jnp.asarray([9]))[0], 1 / 40)  # never seen: uniform
+    with pytest.raises(ValueError, match="outside"):
+        Bigram.fit([[5, 41]], 40)
+
+
+def test_bigram_sampling_is_exact(target8, monkeypatch):
+    out = _sample(target8, _bigram8(), tx.INPUT)
+    summary = out.summary()
+    assert summary["exact"] and 0.05 < summary["acceptance_rate"] < 0.95, summary
+    pvalue, cells = _pvalue(target8, out, tx.INPUT, monkeypatch)
+    assert cells >= 20 and pvalue > 1e-3, (pvalue, cells)
+
+
+@jax.tree_util.register_pytree_node_class
+class WrongQ(PromptLookup):
+    """Negative control: proposes as PromptLookup but reports its q one position off (q_i
+    one-hot on x_{i+1}, a misalignment bug): not what x_i was drawn from."""
+    def propose(self, state, seq, m, swept, gamma, sampling, keys):
+        xs, qs, state = super().propose(state, seq, m, swept, gamma, sampling, keys)
+        return xs, jnp.roll(qs, -1, axis=1), state
+
+
+def test_exactness_test_detects_a_wrong_q(target8, monkeypatch):
+    out = _sample(target8, WrongQ(3, 1), REPEATING)
+    pvalue, _ = _pvalue(target8, out, REPEATING, monkeypatch)
+    assert pvalue < 1e-3, pvalue
+
+
+@pytest.fixture(scope="module")
+def greedy_case():
+    """The test_generate batch (8 rows of different lengths) and an EOS that plain greedy
+    emits mid-sequence, so rows stop inside draft windows."""
+    target = st.init_model(tiny_config(), seed=0)
+    inputs = random_ids(np.random.RandomState(0), 8, 9, 53, pad_tail=list(range(8)))
+    tokens = st.generate(target, inputs, max_decode_len=MAX_LEN).tokens
+    values, counts = np.unique(tokens[:, 2:MAX_LEN - 3], return_counts=True)
+    eos = int(values[np.argmax(counts)])
+    target = st.Model(target.config.replace(eos_id=eos), target.params)
+    return target, inputs, st.generate(target, inputs, max_decode_len=MAX_LEN), tokens
+
+
+@pytest.mark.parametrize("kind", ["prompt_lookup", "bigram"])
+@pytest.mark.parametrize("gamma", [3, 7])
+def test_greedy_equals_plain(greedy_case, kind, gamma):
+    target, inputs, plain, free_tokens = greedy_case
+    draft = PromptLookup() if kind == "prompt_lookup" else Bigram.fit(free_tokens, 53, top=4)
+    out = st.generate(target, inputs, draft=draft, gamma=gamma, max_decode_len=MAX_LEN)
+    np.testing.assert_array_equal(out.tokens, plain.tokens)
+    np.testing.assert_array_equal(out.lengths, plain.lengths)
+    stopped = out.lengths < MAX_LEN
+    assert stopped.sum() >= 2 and any(L % (gamma + 1) for L in out.lengths[stopped])
+    assert (out.lengths > gamma + 1).sum() >= 4
+    tg._check_stats(out, gamma)  # histogram sums to the lengths, calls, accepted <= reached
+    assert out.summary()["acceptance_rate"] > 0.05  # drafts do get accepted
+
+
+def test_prompt_lookup_on_self_repeating_output(greedy_case):
+    """A random tiny target's greedy output falls into loops (no EOS: it runs MAX_LEN);
+    prompt lookup copies them: well over one token per target call (1.65 measured), tokens
+    identical to plain."""
+    target, inputs, _, plain_tokens = greedy_case
+    target = st.Model(target.config.replace(eos_id=tiny_config().eos_id), target.params)
+    out = st.generate(target, inputs, draft=PromptLookup(), gamma=3, max_decode_len=MAX_LEN)
+    np.testing.assert_array_equal(out.tokens, plain_tokens)
+    assert out.summary()["tokens_per_target_call"] > 1.4
+
+
+def test_drafts_checked_against_the_target(greedy_case):
+    target, inputs, _, _ = greedy_case
+    with pytest.raises(ValueError, match="vocab_size 8 != target vocab_size 53"):
+        st.generate(target, inputs, draft=_bigram8())
+    with pytest.raises(ValueError, match="vocab_size"):
+        st.generate(target, inputs, draft=PromptLookup(vocab_size=8))
+    assert isinstance(st.drafts.PromptLookup(), PromptLookup)
+    xs, qs = one_hot_proposal(jnp.asarray([[2, 0]]), 4)
+    assert qs.shape == (1, 2, 4) and xs.dtype == jnp.int32
