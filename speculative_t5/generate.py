@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative_t5.decoding.drafts import ModelDraft
+from speculative_t5.decoding.drafts import Fallback, ModelDraft
 from speculative_t5.decoding.loops import plain_decode, speculative_decode
 from speculative_t5.decoding.output import GenerateOutput
 from speculative_t5.decoding.sampling import (SamplingConfig, check_verification, keys_per_row,
@@ -27,17 +27,17 @@ def step_fn(model: Model):
 
 
 @functools.partial(jax.jit, static_argnames=("gamma", "max_decode_len", "top_k", "top_p",
-                                             "lenience", "verification",
+                                             "lenience", "verification", "draft_stop",
                                              "recompute_cross_attention", "partitioner"))
 def _generate(target: Model, draft: Any, input_ids, rng, temperature, *, gamma: int,
               max_decode_len: int, top_k: int, top_p: float, lenience: float,
               recompute_cross_attention: bool, partitioner: Optional[Partitioner] = None,
-              verification: str = "token"):
+              verification: str = "token", draft_stop: Optional[float] = None):
     """One program per shape and static setting; the temperature is traced, so greedy and
     sampled decodes share it (`SamplingConfig.greedy`). rng: [B] keys. With a partitioner the
     caches are sharded by their logical axes (rows over 'data', heads over 'model'); the
     loops' per-row state follows the rows. draft: None (plain decode), a Model, or a
-    zero-cost draft (`decoding.drafts`; a pytree, its settings static)."""
+    draft from `decoding.drafts` (a pytree, its settings static; Models inside a Fallback)."""
     sampling = SamplingConfig(temperature, top_k, top_p)
     B = input_ids.shape[0]
     eos = target.config.eos_id
@@ -51,8 +51,13 @@ def _generate(target: Model, draft: Any, input_ids, rng, temperature, *, gamma: 
                             eos, sampling, rng)
     # The verify pass writes up to position m + gamma <= max_decode_len + gamma - 1.
     length = max_decode_len + gamma + 1
-    if isinstance(draft, Model):
-        draft = ModelDraft(step_fn(draft), functools.partial(setup, draft, role="draft"))
+
+    def build(d, catch_up: bool):  # Models as the loops' drafts: step functions and caches
+        if isinstance(d, Model):
+            return ModelDraft(step_fn(d), functools.partial(setup, d, role="draft"),
+                              draft_stop, catch_up)
+        return Fallback(build(d.first, True), build(d.then, True)) if isinstance(d, Fallback) else d
+    draft = build(draft, False)
     tcache, dstate = setup(target, input_ids, length), draft.init(input_ids, length)
     return speculative_decode(step_fn(target), tcache, draft, dstate, B,
                               max_decode_len, eos, gamma, sampling, rng, lenience, verification)
@@ -87,7 +92,10 @@ def check_pair(target: Model, draft: Model) -> None:
 
 def check_draft(target: Model, draft):
     """A Model draft checked by `check_pair`; a zero-cost draft (`st.drafts`: init and
-    propose) must have the target's vocabulary (a PromptLookup is given it). -> the draft."""
+    propose) must have the target's vocabulary (a PromptLookup is given it); a Fallback's
+    two drafts each. -> the draft."""
+    if isinstance(draft, Fallback):
+        return Fallback(check_draft(target, draft.first), check_draft(target, draft.then))
     if isinstance(draft, Model) or not (hasattr(draft, "propose") and hasattr(draft, "init")):
         check_pair(target, draft)
         return draft
@@ -98,6 +106,35 @@ def check_draft(target: Model, draft):
         raise ValueError(f"draft {draft!r} has vocab_size {V} != target vocab_size "
                          f"{target.config.vocab_size}: a draft must share the target's vocabulary")
     return draft
+
+
+def draft_models(draft) -> list:
+    """The Models a draft holds (itself, or a Fallback's)."""
+    if isinstance(draft, Fallback):
+        return draft_models(draft.first) + draft_models(draft.then)
+    return [draft] if isinstance(draft, Model) else []
+
+
+def map_models(draft, fn):
+    """draft with fn applied to each Model it holds."""
+    if isinstance(draft, Fallback):
+        return Fallback(map_models(draft.first, fn), map_models(draft.then, fn))
+    return fn(draft) if isinstance(draft, Model) else draft
+
+
+def check_draft_stop(draft_stop, draft, has_model: Optional[bool] = None) -> Optional[float]:
+    """draft_stop validated: None, or a probability in (0, 1) with a draft that holds a model
+    (has_model: whether it does, when `draft` is only its description)."""
+    if draft_stop is None:
+        return None
+    if isinstance(draft_stop, bool) or not isinstance(draft_stop, (int, float)) \
+            or not 0.0 < draft_stop < 1.0:
+        raise ValueError(f"draft_stop must be a probability in (0, 1) (None = off), got "
+                         f"{draft_stop!r}")
+    if not (bool(draft_models(draft)) if has_model is None else has_model):
+        raise ValueError("draft_stop needs a draft model (it ends a model's drafting early); "
+                         f"the draft is {draft!r}")
+    return float(draft_stop)
 
 
 def decode_bytes(target: Model, draft: Optional[Model], batch: int, input_len: int,
@@ -113,7 +150,7 @@ def decode_bytes(target: Model, draft: Optional[Model], batch: int, input_len: i
         kv = c.num_decoder_layers * 2 * batch * c.num_heads * c.head_dim * a
         return (kv * (length + input_len) + batch * input_len * (c.emb_dim + c.mlp_dim) * a
                 + batch * c.num_heads * input_len * input_len * 4)
-    total = model_bytes(target) + (model_bytes(draft) if isinstance(draft, Model) else 0)
+    total = model_bytes(target) + sum(model_bytes(d) for d in draft_models(draft))
     rows = 2 * gamma + 2 if draft is not None else 1
     return total + batch * (max_decode_len + 2) * 4 + batch * rows * target.config.vocab_size * 4
 
@@ -150,10 +187,12 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
              max_input_len: Optional[int] = None,
              sampling: Optional[SamplingConfig] = None,
              partitioner: Optional[Partitioner] = None,
-             verification: str = "token") -> GenerateOutput:
+             verification: str = "token", draft_stop: Optional[float] = None) -> GenerateOutput:
     """Decode `input_ids` (int32 [B, S], 0 = pad) with `model`; with a `draft`, speculatively.
-    draft: another Model (same vocabulary, eos and pad ids), or a zero-cost draft from
-    `st.drafts` (`PromptLookup()`, `Bigram.fit(...)`), any object with its init / propose.
+    draft: another Model (same vocabulary, eos and pad ids), a zero-cost draft from
+    `st.drafts` (`PromptLookup()`, `Bigram.fit(...)`), `st.drafts.Fallback(first, then)`
+    (per row, first's proposal where it has one, else then's), any object with its
+    init / propose.
 
     The output distribution is exactly the target's (greedy: identical tokens) unless
     lenience < 1 (paper A.5: accept with min(1, p/(l q)); marked inexact in the stats).
@@ -169,7 +208,9 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
     multiple of its size), caches' heads over 'model'. Same tokens as unpartitioned.
     verification: with a draft, "token" (Algorithm 1, token by token; the default) or "block"
     (Sun et al. 2025, Algorithm 2: the block judged jointly; as exact, never fewer tokens per
-    call on average, identical when greedy; lenience must then be 1)."""
+    call on average, identical when greedy; lenience must then be 1).
+    draft_stop: a probability t in (0, 1): a row stops drafting after a token its draft
+    model gave probability below t (fewer draft calls; still exact); needs a draft model."""
     if not isinstance(model, Model):
         raise TypeError(f"model must be a speculative_t5.Model, got {type(model).__name__}")
     gamma, max_decode_len = check_int("gamma", gamma, 1), check_int("max_decode_len", max_decode_len, 1)
@@ -177,6 +218,7 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
     check_verification(verification, check_lenience(lenience))
     if draft is not None:
         draft = check_draft(model, draft)
+    draft_stop = check_draft_stop(draft_stop, draft)
     ids = np.asarray(input_ids)
     if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer) or ids.shape[0] == 0 \
             or ids.shape[1] == 0:
@@ -207,7 +249,7 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
             raise TypeError(f"partitioner must be a speculative_t5.Partitioner, got "
                             f"{type(partitioner).__name__}")
         model = partitioner.shard(model, "target")
-        draft = partitioner.shard(draft, "draft") if isinstance(draft, Model) else draft
+        draft = map_models(draft, lambda d: partitioner.shard(d, "draft"))
         # host copies, placed straight into a global sharding (every process passes the same)
         if jnp.issubdtype(keys.dtype, jax.dtypes.prng_key):
             keys = jax.random.key_data(keys)                                   # [B, 2] uint32
@@ -220,13 +262,14 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
         model, draft, ids, keys, jnp.float32(sampling.temperature),
         gamma=gamma if speculative else 0, max_decode_len=max_decode_len,
         top_k=sampling.top_k, top_p=sampling.top_p, lenience=float(lenience),
-        verification=verification if speculative else "token",
+        verification=verification if speculative else "token", draft_stop=draft_stop,
         recompute_cross_attention=bool(recompute_cross_attention), partitioner=partitioner)
     tokens, lengths, stats = _to_host((tokens, lengths, stats))
     tokens, lengths = tokens[:rows], lengths[:rows]
     stats = {k: v[:rows] for k, v in stats.items()}
     stats.update(gamma=gamma if speculative else 0, exact=lenience == 1.0,
-                 lenience=float(lenience), verification=verification if speculative else None)
+                 lenience=float(lenience), verification=verification if speculative else None,
+                 draft_stop=draft_stop)
     return GenerateOutput(tokens, lengths, stats)
 
 

@@ -92,3 +92,40 @@ def test_decode_errors(setup, tmp_path):
         cli.main(base + ["--draft", setup["draft"], "--gamma", "0"])
     with pytest.raises(SystemExit, match="needs --target"):
         cli.main(["decode"])
+
+
+def test_decode_zero_cost_and_fallback_drafts(setup, tmp_path):
+    """--draft prompt_lookup (no model) and 'prompt_lookup,DIR' (a fallback) with
+    --draft_stop: greedy outputs identical to plain; the header names every part; a
+    malformed spec or draft_stop without a model is a one-line error before any work."""
+    base = ["decode", "--target", setup["hf"], "--input_file", setup["inputs"],
+            "--max_decode_len", "12", "--batch_size", "4", "--gamma", "3"]
+    plain, lookup, fb = (str(tmp_path / f"{n}.jsonl") for n in ("plain", "lookup", "fb"))
+    assert cli.main(base + ["--output", plain]) == 0
+    assert cli.main(base + ["--output", lookup, "--draft", "prompt_lookup:2"]) == 0
+    assert cli.main(base + ["--output", fb, "--draft", f"prompt_lookup,{setup['draft']}",
+                            "--draft_stop", "0.1"]) == 0
+    want = [r["tokens"] for r in _read(plain)]
+    for path in (lookup, fb):
+        records = _read(path)
+        assert [r["tokens"] for r in records] == want
+        for r in records:
+            hist = r["stats"]["drafts_per_round_hist"]
+            assert sum(hist) == r["stats"]["target_calls"] and len(hist) == 4
+            assert r["stats"]["draft_calls"] == sum(i * c for i, c in enumerate(hist))
+    with open(fb) as f:
+        header = json.loads(f.readline())["speculative_t5"]["header"]
+    first, then = header["draft"]
+    assert first == {"kind": "prompt_lookup", "max_ngram": 3, "min_ngram": 1}
+    assert then["path"] == os.path.abspath(setup["draft"]) and then["fingerprint"]
+    assert header["draft_stop"] == 0.1
+    with open(lookup) as f:
+        assert json.loads(f.readline())["speculative_t5"]["header"]["draft"]["max_ngram"] == 2
+    for spec, match in (("prompt_lookup:x", "MAX_NGRAM"), ("a,b,c", "at most two"),
+                        ("prompt_lookup:0", "max_ngram must be an int >= 1")):
+        with pytest.raises(SystemExit, match=match):
+            cli.main(base + ["--output", str(tmp_path / "bad.jsonl"), "--draft", spec])
+    with pytest.raises(SystemExit, match="draft_stop needs a draft model"):
+        cli.main(base + ["--output", str(tmp_path / "bad.jsonl"), "--draft", "prompt_lookup",
+                         "--draft_stop", "0.5"])
+    assert not os.path.exists(tmp_path / "bad.jsonl")

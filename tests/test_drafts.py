@@ -13,7 +13,9 @@ import speculative_t5 as st
 import test_exactness as tx
 import test_generate as tg
 from helpers import random_ids, tiny_config
-from speculative_t5.decoding.drafts import Bigram, PromptLookup, one_hot_proposal
+from speculative_t5.decoding.drafts import Bigram, ModelDraft, PromptLookup, one_hot_proposal
+from speculative_t5.generate import step_fn
+from speculative_t5.model.api import init_cache
 
 N = 60_000
 MAX_LEN = 23
@@ -32,13 +34,15 @@ def _seq(emitted, width=12):
 
 
 def _propose(draft, input_row, emitted, gamma):
+    """The lookup's proposal for one row, [] when it proposes nothing."""
     ids = jnp.asarray([input_row], jnp.int32)
     seq, m = _seq(emitted)
-    xs, qs, _ = draft.propose(draft.init(ids, 16), seq, m, jnp.zeros((1,), bool), gamma,
-                              st.SamplingConfig(1.0), jax.random.split(jax.random.PRNGKey(0), 1))
-    xs = np.asarray(xs)[0]
-    np.testing.assert_array_equal(np.asarray(qs)[0], np.eye(draft.vocab_size)[xs])  # one-hot
-    return xs.tolist()
+    d = draft.propose(draft.init(ids, 16), seq, m, jnp.ones((1,), bool), gamma,
+                      st.SamplingConfig(1.0), jax.random.split(jax.random.PRNGKey(0), 1))
+    xs = np.asarray(d.xs)[0]
+    np.testing.assert_array_equal(np.asarray(d.qs)[0], np.eye(draft.vocab_size)[xs])  # one-hot
+    assert int(d.count[0]) in (0, gamma)
+    return xs[:int(d.count[0])].tolist()
 
 
 def test_prompt_lookup_proposes_the_continuation():
@@ -53,10 +57,10 @@ def test_prompt_lookup_proposes_the_continuation():
     assert _propose(d, [10, 3, 4, 8, 3, 4, 9], [10, 3, 4], 2) == [8, 3]
     # the emitted tokens are searched too; the query's own position is not a match
     assert _propose(d, [5, 6], [7, 8, 7], 3) == [8, 7, 8]
-    # no match: the last token repeated
-    assert _propose(d, [5, 6], [7, 8], 3) == [8, 8, 8]
+    # no match: no proposal (the round is a plain target step)
+    assert _propose(d, [5, 6], [7, 8], 3) == []
     # n <= m: one emitted token is a 1-gram query only
-    assert _propose(PromptLookup(3, 2, vocab_size=20), [5, 7, 6], [7], 2) == [7, 7]
+    assert _propose(PromptLookup(3, 2, vocab_size=20), [5, 7, 6], [7], 2) == []
     assert _propose(d, [5, 7, 6], [7], 2) == [6, 7]
     with pytest.raises(ValueError, match="min_ngram"):
         PromptLookup(max_ngram=2, min_ngram=3)
@@ -84,7 +88,10 @@ def test_prompt_lookup_sampling_is_exact(target8, monkeypatch, case):
     draft, ids = LOOKUPS[case]
     out = _sample(target8, draft, ids)
     summary = out.summary()
-    assert summary["exact"] and 0.05 < summary["acceptance_rate"] < 0.95, summary
+    if case == "never matches":  # every round a plain target step: nothing proposed
+        assert summary["draft_calls"] == 0 and summary["tokens_per_target_call"] == 1.0
+    else:
+        assert summary["exact"] and 0.05 < summary["acceptance_rate"] < 0.95, summary
     pvalue, cells = _pvalue(target8, out, ids, monkeypatch)
     assert cells >= 20 and pvalue > 1e-3, (case, pvalue, cells)
     tg._check_stats(out, 2)
@@ -123,9 +130,9 @@ def test_bigram_sampling_is_exact(target8, monkeypatch):
 class WrongQ(PromptLookup):
     """Negative control: proposes as PromptLookup but reports its q one position off (q_i
     one-hot on x_{i+1}, a misalignment bug): not what x_i was drawn from."""
-    def propose(self, state, seq, m, swept, gamma, sampling, keys):
-        xs, qs, state = super().propose(state, seq, m, swept, gamma, sampling, keys)
-        return xs, jnp.roll(qs, -1, axis=1), state
+    def propose(self, state, seq, m, active, gamma, sampling, keys):
+        d = super().propose(state, seq, m, active, gamma, sampling, keys)
+        return d._replace(qs=jnp.roll(d.qs, -1, axis=1))
 
 
 def test_exactness_test_detects_a_wrong_q(target8, monkeypatch):
@@ -182,3 +189,145 @@ def test_drafts_checked_against_the_target(greedy_case):
     assert isinstance(st.drafts.PromptLookup(), PromptLookup)
     xs, qs = one_hot_proposal(jnp.asarray([[2, 0]]), 4)
     assert qs.shape == (1, 2, 4) and xs.dtype == jnp.int32
+
+
+# --- Fallback, draft_stop, and the model draft catching up -----------------------------------
+
+@pytest.fixture(scope="module")
+def draft8():
+    return st.init_model(tx._cfg(), seed=1)
+
+
+def test_model_draft_catches_up_after_rounds_it_did_not_draft(greedy_case):
+    """Rows whose draft cache lags y_m by many positions (rounds another draft proposed) are
+    fed from their first stale position: then the model proposes exactly its own greedy
+    continuation, as if it had decoded every token itself. A row left out (inactive) keeps
+    only its valid prefix and is caught up later."""
+    target, inputs, _, _ = greedy_case
+    draft = st.init_model(tiny_config(), seed=1)
+    alone = st.generate(draft, inputs, max_decode_len=MAX_LEN)
+    own = alone.tokens                                                         # [8, 23]
+    gamma, B = 3, inputs.shape[0]
+    md = ModelDraft(step_fn(draft), lambda ids, L: init_cache(draft, ids, L), catch_up=True)
+    seq = jnp.asarray(np.concatenate([np.zeros((B, 1), np.int32), own,
+                                      np.zeros((B, 1), np.int32)], 1))         # [B, 25]
+    greedy, keys = st.SamplingConfig(0.0), jax.random.split(jax.random.PRNGKey(0), B)
+    state = md.init(jnp.asarray(inputs), MAX_LEN + gamma + 1)
+    state = md.propose(state, seq, jnp.zeros((B,), jnp.int32), jnp.ones((B,), bool), gamma,
+                       greedy, keys).state                                    # fed position 0
+    # lags 1..17 within each row's own output (a row whose output is too short sits out)
+    m = np.clip(np.minimum([1, 2, 5, 9, 13, 4, 17, 11], alone.lengths - gamma), 1, None)
+    active = jnp.asarray((alone.lengths - gamma >= 1) & (np.arange(B) != 6))
+    assert (np.asarray(active) & (m > gamma + 1)).sum() >= 3, (m, active)
+    m = jnp.asarray(m, jnp.int32)
+    d = md.propose(state, seq, m, active, gamma, greedy, keys)
+    expect = np.stack([np.asarray(own)[b, int(m[b]):int(m[b]) + gamma] for b in range(B)])
+    got = np.asarray(d.xs)
+    np.testing.assert_array_equal(got[np.asarray(active)], expect[np.asarray(active)])
+    # the first call had fed y_0 and its own drafts x_1, x_2 -- which are y_1, y_2 here, so
+    # still valid: only rows with m > gamma were behind
+    np.testing.assert_array_equal(np.asarray(d.wide_first), (np.asarray(m) > gamma) & np.asarray(active))
+    # row 6 was left out: its state is not marked valid, so the next call catches it up
+    fit = alone.lengths - gamma >= 1
+    d = md.propose(d.state, seq, m, jnp.asarray(fit), gamma, greedy, keys)
+    np.testing.assert_array_equal(np.asarray(d.xs)[fit], expect[fit])
+
+
+def _sample_long(target, draft, ids, steps, monkeypatch, **kw):
+    """T = 1 samples of `steps` tokens and the exact distribution they must follow."""
+    monkeypatch.setattr(tx, "STEPS", steps)
+    monkeypatch.setattr(tx, "INPUT", ids)
+    out = st.generate(target, np.repeat(ids, N, 0), draft=draft, max_decode_len=steps,
+                      temperature=1.0, rng=jax.random.PRNGKey(0), **kw)
+    return out, tx.chi_square_pvalue(out.tokens, tx.exact_distribution(target, tx.SETTINGS["T=1"]))
+
+
+def test_fallback_sampling_is_exact(target8, draft8, monkeypatch):
+    """Fallback(PromptLookup, model) at T = 1 over 4 tokens with gamma 1: rounds of either
+    draft, and the model catching up after lookup rounds (lag > gamma + 1)."""
+    ids = np.array([[3, 5, 2, 7, 4, 6]], np.int32)
+    lookup = PromptLookup(1, 1)
+    alone = st.generate(target8, np.repeat(ids, 2000, 0), draft=lookup, gamma=1,
+                        max_decode_len=4, temperature=1.0, rng=jax.random.PRNGKey(1))
+    no_match = alone.stats["drafts_per_round_hist"][:, 0].sum() / alone.stats["target_calls"].sum()
+    assert 0.2 < no_match < 0.8, no_match  # both drafts get rounds
+    out, (pvalue, cells) = _sample_long(target8, st.drafts.Fallback(lookup, draft8), ids, 4,
+                                        monkeypatch, gamma=1)
+    summary = out.summary()
+    assert summary["exact"] and 0.05 < summary["acceptance_rate"] < 0.95, summary
+    assert out.stats["drafts_per_round_hist"][:, 0].sum() == 0  # someone always proposes
+    assert cells >= 20 and pvalue > 1e-3, (pvalue, cells)
+    tg._check_stats(out, 1, fixed_model_draft=False)
+
+
+@pytest.mark.parametrize("verification", ["token", "block"])
+def test_draft_stop_sampling_is_exact(target8, draft8, monkeypatch, verification):
+    """draft_stop at T = 1, gamma 3 over 4 tokens: rows stop drafting at different points
+    (the proposal-count histogram has rounds of 1, 2 and 3 drafts), still exact."""
+    out, (pvalue, cells) = _sample_long(target8, draft8, tx.INPUT, 4, monkeypatch, gamma=3,
+                                        draft_stop=0.3, verification=verification)
+    hist = out.stats["drafts_per_round_hist"].sum(0)                           # [G+1]
+    assert hist[0] == 0 and (hist[1:] > 0.05 * hist.sum()).all(), hist
+    assert cells >= 20 and pvalue > 1e-3, (verification, pvalue, cells)
+    tg._check_stats(out, 3, fixed_model_draft=False)
+
+
+def test_exactness_test_detects_a_biased_draft_stop(target8, draft8, monkeypatch):
+    """Negative control: stopping BEFORE an unsure token (dropping it: the decision to
+    propose x_i then depends on x_i itself) is biased, and the test says so."""
+    from speculative_t5.decoding import drafts as dr
+    real = dr.ModelDraft.propose
+
+    def drop_unsure(self, *args):
+        d = real(self, *args)
+        if self.stop is None:
+            return d
+        sure = jnp.take_along_axis(d.qs, d.xs[..., None], -1)[..., 0] >= self.stop  # [B, G]
+        kept = jnp.sum(jnp.cumprod(sure, axis=1), axis=1).astype(jnp.int32)
+        return d._replace(count=jnp.minimum(d.count, kept))
+    monkeypatch.setattr(dr.ModelDraft, "propose", drop_unsure)
+    jax.clear_caches()
+    try:
+        out, (pvalue, _) = _sample_long(target8, draft8, tx.INPUT, 4, monkeypatch, gamma=3,
+                                        draft_stop=0.3)
+    finally:
+        jax.clear_caches()
+    assert pvalue < 1e-3, pvalue
+
+
+@pytest.mark.parametrize("gamma", [3, 7])
+def test_fallback_and_draft_stop_greedy_equal_plain(greedy_case, gamma):
+    target, inputs, plain, _ = greedy_case
+    draft = st.Model(target.config, st.init_model(tiny_config(), seed=3).params)
+    perturbed = st.Model(target.config, jax.tree_util.tree_map(
+        lambda x: x + 0.02 * jax.random.normal(jax.random.PRNGKey(1), x.shape), target.params))
+    runs = {"fallback": dict(draft=st.drafts.Fallback(PromptLookup(), draft)),
+            "fallback block": dict(draft=st.drafts.Fallback(PromptLookup(), perturbed),
+                                   verification="block"),
+            "draft_stop": dict(draft=perturbed, draft_stop=0.1),
+            "fallback draft_stop": dict(draft=st.drafts.Fallback(PromptLookup(2, 2), perturbed),
+                                        draft_stop=0.1)}
+    for name, kw in runs.items():
+        out = st.generate(target, inputs, gamma=gamma, max_decode_len=MAX_LEN, **kw)
+        np.testing.assert_array_equal(out.tokens, plain.tokens, err_msg=name)
+        np.testing.assert_array_equal(out.lengths, plain.lengths, err_msg=name)
+        tg._check_stats(out, gamma, fixed_model_draft=False)
+        assert out.summary()["acceptance_rate"] > 0.05, name
+        if "draft_stop" in name:  # rounds stopped early, and rounds that drafted all gamma
+            hist = out.stats["drafts_per_round_hist"].sum(0)
+            assert hist[1:gamma].sum() > 0 and hist[gamma] > 0, (name, hist)
+
+
+def test_fallback_and_draft_stop_checked(greedy_case):
+    target, inputs, _, _ = greedy_case
+    draft = st.Model(target.config, st.init_model(tiny_config(), seed=3).params)
+    with pytest.raises(ValueError, match="vocab_size 8 != target vocab_size 53"):
+        st.generate(target, inputs, draft=st.drafts.Fallback(PromptLookup(), _bigram8()))
+    with pytest.raises(ValueError, match="draft_stop needs a draft model"):
+        st.generate(target, inputs, draft=PromptLookup(), draft_stop=0.5)
+    for bad in (0.0, 1.0, True, "0.5"):
+        with pytest.raises(ValueError, match="draft_stop must be a probability"):
+            st.generate(target, inputs, draft=draft, draft_stop=bad)
+    small = st.init_model(tiny_config(vocab_size=40), seed=3)
+    with pytest.raises(ValueError, match="vocab_size 40 != target vocab_size 53"):
+        st.generate(target, inputs, draft=st.drafts.Fallback(PromptLookup(), small))

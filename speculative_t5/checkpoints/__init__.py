@@ -79,10 +79,52 @@ def load_checkpoint(path: str, config: Optional[T5Config] = None, dtype: Optiona
     return model
 
 
+ZERO_COST = "prompt_lookup"
+
+
+def draft_parts(spec: str) -> list:
+    """The parts of a draft spec (see `load_draft`), each a checkpoint path or a
+    `PromptLookup`; a malformed spec is a ValueError (nothing is loaded)."""
+    from speculative_t5.decoding.drafts import PromptLookup
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"draft must be a checkpoint path, '{ZERO_COST}[:MAX[:MIN]]' or "
+                         f"'FIRST,THEN', got {spec!r}")
+    parts = spec.split(",")
+    if len(parts) > 2:
+        raise ValueError(f"draft {spec!r}: at most two drafts, 'FIRST,THEN' (a fallback)")
+    out = []
+    for part in parts:
+        name, *ngrams = part.strip().split(":")
+        if name != ZERO_COST:
+            out.append(part.strip())
+            continue
+        try:
+            sizes = [int(n) for n in ngrams]
+            if len(sizes) > 2:
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"draft {part!r}: '{ZERO_COST}', '{ZERO_COST}:MAX_NGRAM' or "
+                             f"'{ZERO_COST}:MAX_NGRAM:MIN_NGRAM' (integers)") from None
+        out.append(PromptLookup(*sizes))
+    return out
+
+
+def load_draft(spec: str, **load_kwargs):
+    """A draft from its command-line / gin spec:
+       PATH                          a draft model checkpoint (`load_checkpoint(PATH, ...)`)
+       prompt_lookup[:MAX[:MIN]]     `PromptLookup(max_ngram=MAX (3), min_ngram=MIN (1))`
+       FIRST,THEN                    `Fallback(FIRST, THEN)`, e.g. 'prompt_lookup,PATH'
+    load_kwargs go to `load_checkpoint` (role 'draft')."""
+    from speculative_t5.decoding.drafts import Fallback
+    drafts = [load_checkpoint(p, role="draft", **load_kwargs) if isinstance(p, str) else p
+              for p in draft_parts(spec)]
+    return drafts[0] if len(drafts) == 1 else Fallback(*drafts)
+
+
 def save_checkpoint(model: Model, path: str, overwrite: bool = False) -> None:
     """Write `model` in the native format (orbax params + speculative_t5.json)."""
     save_native(model, path, overwrite)
 
 
-__all__ = ["CheckpointError", "FORMATS", "detect_format", "export_hf", "load_checkpoint",
-           "save_checkpoint"]
+__all__ = ["CheckpointError", "FORMATS", "detect_format", "draft_parts", "export_hf",
+           "load_checkpoint", "load_draft", "save_checkpoint"]

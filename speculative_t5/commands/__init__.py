@@ -77,14 +77,16 @@ COMMANDS: Dict[str, Command] = {
         "decode a text/TSV file into JSONL (speculative with --draft)",
         "speculative_t5.commands.decode:decode",
         (("--target", dict(help="target model checkpoint (HF, T5X or native)")),
-         ("--draft", dict(help="draft model checkpoint; omit for plain decoding")),
+         ("--draft", dict(help="draft model checkpoint, 'prompt_lookup[:MAX[:MIN]]' (no model), "
+                          "or 'prompt_lookup,PATH' (the lookup where it matches, else the "
+                          "model); omit for plain decoding")),
          ("--input_file", dict(help="one input a line (.tsv: input<TAB>reference)")),
          ("--output", dict(help="JSONL to append to; existing indices are skipped")),
          ("--vocab", dict(help="SentencePiece model (default: spiece.model in --target)")),
          *((f"--{name}", dict(type=typ)) for name, typ in (
              ("gamma", int), ("temperature", float), ("top_k", int), ("top_p", float),
              ("lenience", float), ("max_decode_len", int), ("max_input_len", int),
-             ("batch_size", int), ("seed", int))),
+             ("batch_size", int), ("seed", int), ("draft_stop", float))),
          ("--verification", dict(help="token (Algorithm 1, the default) or block (Sun et al. "
                                  "2025: the draft block verified jointly)")),
          ("--prefix", dict(help="text prepended to every input, e.g. 'summarize: '")),

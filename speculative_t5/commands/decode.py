@@ -19,14 +19,14 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from speculative_t5.checkpoints import load_checkpoint
+from speculative_t5.checkpoints import draft_parts, load_checkpoint, load_draft
 from speculative_t5.commands import interrupt
 from speculative_t5.data import find_vocabulary, pad_rows, pad_to, read_inputs
 from speculative_t5.decoding.output import combine
 from speculative_t5.decoding.sampling import check_verification
 from speculative_t5.experiments.rundir import JsonlLog, fingerprint
-from speculative_t5.generate import (check_int, check_lenience, check_pair, generate,
-                                     sampling_config)
+from speculative_t5.generate import (check_draft, check_draft_stop, check_int, check_lenience,
+                                     generate, sampling_config)
 from speculative_t5.partitioning import Partitioner
 
 LENGTH_BUCKET = 16  # inputs are padded to a multiple of this, so few shapes are compiled
@@ -36,6 +36,21 @@ DTYPES = (None, "float32", "bfloat16", "float16")
 def _identity(path: Optional[str]) -> Optional[Dict[str, Any]]:
     return None if path is None else {"path": os.path.abspath(path) if "://" not in path else path,
                                       "fingerprint": fingerprint(path)}
+
+
+def _draft_identity(spec: Optional[str]):
+    """A draft spec's identity: each checkpoint's path and fingerprint, each zero-cost
+    draft's settings (one entry, or a [first, then] list for a fallback)."""
+    if spec is None:
+        return None
+    parts = [_identity(p) if isinstance(p, str) else
+             {"kind": "prompt_lookup", "max_ngram": p.max_ngram, "min_ngram": p.min_ngram}
+             for p in draft_parts(spec)]
+    return parts[0] if len(parts) == 1 else parts
+
+
+def _draft_dirs(spec: Optional[str]) -> list:
+    return [p for p in draft_parts(spec) if isinstance(p, str)] if spec else []
 
 
 def _open_log(output: str, run: Dict[str, Any], n: int):
@@ -70,14 +85,18 @@ def decode(target: str = gin.REQUIRED, input_file: str = gin.REQUIRED,
            lenience: float = 1.0, max_decode_len: int = 64, max_input_len: int = 512,
            batch_size: int = 8, seed: int = 0, prefix: str = "", dtype: Optional[str] = None,
            activation_dtype: Optional[str] = None, partitioner: Optional[Partitioner] = None,
-           verification: str = "token", quiet: bool = False) -> dict:
+           verification: str = "token", draft_stop: Optional[float] = None,
+           quiet: bool = False) -> dict:
     """Decode every line of `input_file`; one JSONL record per example in `output`.
 
     partitioner: the mesh to run on; default `Partitioner()`, configured by gin the T5X way
     (`--gin.Partitioner.num_partitions=4`): the models load straight into their shards and
     each batch's rows spread over 'data'. Several processes (`--multiprocess` or
     `--coordinator_address ...`) run every batch together; process 0 writes the output.
-    verification: "token" (default) or "block", as in `st.generate`; part of the run."""
+    draft: a draft model checkpoint, 'prompt_lookup[:MAX[:MIN]]' (no model), or
+    'FIRST,THEN' (a fallback: 'prompt_lookup,PATH'); see `checkpoints.load_draft`.
+    verification: "token" (default) or "block"; draft_stop: a probability, as in
+    `st.generate`; both part of the run."""
     # every option is checked before anything is read, written or loaded
     sampling = sampling_config(None, temperature, top_k, top_p)
     gamma, max_decode_len = check_int("gamma", gamma, 1), check_int("max_decode_len", max_decode_len, 1)
@@ -92,19 +111,22 @@ def decode(target: str = gin.REQUIRED, input_file: str = gin.REQUIRED,
         raise ValueError(f"--output {output} is a directory; give a file path")
     if os.path.abspath(output) == os.path.abspath(input_file):
         raise ValueError(f"--output {output} is the input file")
-    vocabulary = find_vocabulary(vocab, target, draft)
+    draft_stop = check_draft_stop(draft_stop, draft, bool(_draft_dirs(draft)))
+    draft_identity = _draft_identity(draft)
+    vocabulary = find_vocabulary(vocab, target, *_draft_dirs(draft))
     examples = read_inputs(input_file, prefix)
     encoded = [vocabulary.encode(text) for text, _ in examples]
     for i, ids in enumerate(encoded):
         if len(ids) > max_input_len:
             raise ValueError(f"{input_file}:{i + 1}: input has {len(ids)} tokens, longer than "
                              f"max_input_len {max_input_len}")
-    run = {"target": _identity(target), "draft": _identity(draft),
+    run = {"target": _identity(target), "draft": draft_identity,
            "vocabulary": _identity(vocabulary.path), "input_file": _identity(input_file),
            "prefix": prefix, "gamma": gamma if draft else None, **sampling._asdict(),
            "lenience": lenience, "max_decode_len": max_decode_len, "seed": seed,
            "dtype": dtype, "activation_dtype": activation_dtype,
-           "verification": verification if draft else None}
+           "verification": verification if draft else None,
+           "draft_stop": draft_stop}
     log, done = _open_log(output, run, len(examples))
     todo = [i for i in range(len(examples)) if i not in done]
     if log is not None:
@@ -115,11 +137,11 @@ def decode(target: str = gin.REQUIRED, input_file: str = gin.REQUIRED,
     if todo:
         target_model = load_checkpoint(target, dtype=dtype, activation_dtype=activation_dtype,
                                        partitioner=partitioner)
-        draft_model = load_checkpoint(draft, dtype=dtype, activation_dtype=activation_dtype,
-                                      partitioner=partitioner, role="draft") if draft else None
+        draft_model = load_draft(draft, dtype=dtype, activation_dtype=activation_dtype,
+                                 partitioner=partitioner) if draft else None
         vocabulary.check_fits(target_model.config.vocab_size)
         if draft_model is not None:
-            check_pair(target_model, draft_model)
+            draft_model = check_draft(target_model, draft_model)
     base = jax.random.PRNGKey(seed)
     bar = tqdm(total=len(todo), desc="decode", unit="ex", disable=quiet or not todo)
     for start in range(0, len(todo), batch_size):
@@ -132,7 +154,8 @@ def decode(target: str = gin.REQUIRED, input_file: str = gin.REQUIRED,
         t0 = time.perf_counter()
         res = generate(target_model, ids, draft=draft_model, gamma=gamma,
                        max_decode_len=max_decode_len, sampling=sampling, lenience=lenience,
-                       verification=verification, rng=keys, partitioner=partitioner)
+                       verification=verification, draft_stop=draft_stop, rng=keys,
+                       partitioner=partitioner)
         seconds = time.perf_counter() - t0
         for row, i in enumerate(idx):
             stats = res.row(row)

@@ -2,21 +2,26 @@
 
 A draft is an object with
     state = init(input_ids [B, S], length)          once per decode (a pytree)
-    xs [B, G] int32, qs [B, G, V] float32, state = propose(state, seq [B, N], m [B],
-                                                          swept [B], gamma, sampling, keys [B])
+    Proposal(xs [B, G], qs [B, G, V], count [B], wide_first [B], state)
+          = propose(state, seq [B, N], m [B], active [B], gamma, sampling, keys [B])
 where seq is the loop's token buffer (seq[:, 0] the start token, seq[:, j] = y_j), m [B]
-the tokens emitted so far, swept [B] the rows whose last round accepted every draft (still
-running), keys [B] one PRNG key per row for this round. qs[:, i] must be EXACTLY the
-distribution xs[:, i] was drawn from: the accept test divides by it, so any q the draft
+the tokens emitted so far, active [B] the rows still decoding, keys [B] one PRNG key per
+row for this round. count [B] <= gamma is how many drafts a row proposes (xs[:, count:] are
+not proposals; 0 makes the round a plain target step); the decision to draft x_{i+1} may
+depend on x_1..x_i and anything before, never on x_{i+1} itself. qs[:, i] must be EXACTLY
+the distribution xs[:, i] was drawn from: the accept test divides by it, so any q the draft
 really sampled from keeps the decode exact (a one-hot q for a deterministic proposal too).
 Greedy decoding (`sampling.greedy`) compares drafts with the target's argmax and ignores qs.
 
-Three drafts:
-  ModelDraft     a smaller model's step function and cache (built by `generate`)
+Four drafts:
+  ModelDraft     a smaller model's step function and cache (built by `generate`);
+                 `stop`: end a row's drafting once its draft is unsure (draft_stop)
   PromptLookup   copies what followed the last n-gram's most recent earlier occurrence in
                  the input and the output so far (no model, one-hot q)
   Bigram         a sparse next-token table fitted on token sequences (`Bigram.fit`)
-The two zero-cost drafts are pytrees (their settings static), so they pass through `jit`.
+  Fallback       per row, the first draft where it proposes, else the second
+The zero-cost drafts and Fallback are pytrees (their settings static), so they pass
+through `jit`.
 """
 from __future__ import annotations
 
@@ -26,10 +31,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative_t5.decoding.sampling import SamplingConfig, adjust, choose, fold_rows
+from speculative_t5.decoding.sampling import SamplingConfig, adjust, branch, choose, fold_rows
 
 Array = jax.Array
 StepFn = Callable[[Any, Array, Array], Tuple[Array, Any]]
+
+
+class Proposal(NamedTuple):
+    xs: Array           # [B, G] int32 drafted tokens
+    qs: Array           # [B, G, V] float32 the distribution each was drawn from
+    count: Array        # [B] int32 drafts proposed (<= G)
+    wide_first: Array   # [B] bool a draft model's first call fed more than one token
+    state: Any          # the draft's state for the next round
 
 
 def _take(seq: Array, cols: Array) -> Array:
@@ -43,53 +56,167 @@ def one_hot_proposal(xs: Array, vocab_size: int) -> Tuple[Array, Array]:
     return xs, jax.nn.one_hot(xs, vocab_size, dtype=jnp.float32)
 
 
+def _full(count, batch: int) -> Array:
+    return jnp.full((batch,), count, jnp.int32)
+
+
+class ModelState(NamedTuple):
+    cache: Any          # the draft model's cache
+    fed: Array          # [B, L] the token written at each cache position (-1: none valid)
+
+
 class ModelDraft(NamedTuple):
     """A draft model as the loop sees it: its step function
     logits [B, K, V], cache = step(cache, tokens [B, K], pos [B]) and a cache builder
-    cache(input_ids, length) (None when the caller passes the cache itself)."""
+    cache(input_ids, length) (None when the caller passes the cache itself).
+
+    The state remembers which token each cache position was written with, so a round
+    first feeds exactly the positions whose tokens differ from the accepted ones, up to
+    y_m: one token after a rejection, two after a round that accepted every draft (the
+    draft never fed x_gamma), more after rounds another draft proposed (`catch_up`, set by
+    `Fallback`: a loop of (gamma + 1)-token feeds; without it that branch is not compiled).
+    stop: draft_stop -- a row stops drafting after a token its draft gave probability
+    below `stop` (q when sampling, the softmax when greedy); the token itself is proposed,
+    so the decision to draft the next depends only on tokens already drafted (exact). The
+    draft calls end when every active row has stopped."""
     step: StepFn
     cache: Optional[Callable[[Array, int], Any]] = None
+    stop: Optional[float] = None
+    catch_up: bool = False
 
-    def init(self, input_ids: Array, length: int):
-        return self.cache(input_ids, length)
+    def init(self, input_ids: Array, length: int) -> ModelState:
+        return ModelState(self.cache(input_ids, length),
+                          jnp.full((input_ids.shape[0], length), -1, jnp.int32))
 
-    def propose(self, dcache, seq: Array, m: Array, swept: Array, gamma: int,
-                sampling: SamplingConfig, keys: Array):
-        """gamma serial draft steps; step i samples x_i from q_i = adjust(logits_i). After a
-        round that accepted every draft, the draft never saw x_gamma (position m-1): then
-        the first call feeds positions m-1 and m."""
-        draft, greedy, batch = self.step, sampling.greedy, seq.shape[0]
+    def _feed(self, state: ModelState, seq: Array, m: Array, valid: Array, width: int):
+        """Feed seq at positions max(m - width + 1, 0) .. (width tokens) -> (logits at m
+        [B, V], state). A row whose first invalid position valid [B] the window covers is
+        then valid through m; another (a row the caller does not draft for) keeps only its
+        valid prefix, and its logits mean nothing."""
+        start = jnp.maximum(m - width + 1, 0)                                  # [B]
+        logits, cache = self.step(state.cache, _take(seq, start[:, None] + jnp.arange(width)),
+                                  start)
+        N, L = seq.shape[1], state.fed.shape[1]
+        j = jnp.arange(L)[None, :]
+        valid = jnp.where(start <= valid, m + 1, valid)
+        fed = jnp.where(j < valid[:, None], _take(seq, jnp.minimum(j, N - 1)), -1)
+        return jnp.take_along_axis(logits, (m - start)[:, None, None], 1)[:, 0], ModelState(cache, fed)
 
-        def feed_two(dcache):
-            start = jnp.maximum(m - 1, 0)                                      # [B]
-            logits, dcache = draft(dcache, _take(seq, start[:, None] + jnp.arange(2)[None, :]),
-                                   start)
-            return jnp.take_along_axis(logits, (m - start)[:, None, None], 1)[:, 0], dcache
+    def _catch_up(self, state: ModelState, seq: Array, m: Array, valid: Array, active: Array,
+                  width: int):
+        """Feed width-token chunks from each active row's first invalid position while any is
+        more than `width` positions behind y_m; then `_feed`."""
+        def lagging(valid):
+            return active & (m - valid + 1 > width)                            # [B]
 
-        def feed_one(dcache):
-            logits, dcache = draft(dcache, _take(seq, m[:, None]), m)
-            return logits[:, 0], dcache
+        def chunk(c):
+            state, valid = c
+            late = lagging(valid)
+            at = jnp.where(late, valid, jnp.maximum(m - width + 1, 0))
+            _, cache = self.step(state.cache, _take(seq, at[:, None] + jnp.arange(width)), at)
+            return ModelState(cache, state.fed), jnp.where(late, valid + width, valid)
 
-        logits, dcache = jax.lax.cond(jnp.any(swept), feed_two, feed_one, dcache)
-        q1 = adjust(logits, sampling)                                          # [B, V]
-        x1 = choose(fold_rows(keys, 0), q1, greedy)                            # [B]
+        state, valid = jax.lax.while_loop(lambda c: jnp.any(lagging(c[1])), chunk, (state, valid))
+        return self._feed(state, seq, m, valid, width)
+
+    def propose(self, state: ModelState, seq: Array, m: Array, active: Array, gamma: int,
+                sampling: SamplingConfig, keys: Array) -> Proposal:
+        """Catch the cache up to y_m, then gamma serial draft steps; step i samples x_i from
+        q_i = adjust(logits_i)."""
+        greedy, batch, N = sampling.greedy, seq.shape[0], seq.shape[1]
+        j = jnp.arange(N)[None, :]
+        same = (state.fed[:, :N] == seq) & (j <= m[:, None])                   # [B, N]
+        valid = jnp.minimum(jnp.sum(jnp.cumprod(same, axis=1), axis=1), m)     # [B] <= m
+        behind = jnp.where(active, m - valid + 1, 1)                           # [B] >= 1
+        one = lambda s: self._feed(s, seq, m, valid, 1)                        # noqa: E731
+        two = lambda s: self._feed(s, seq, m, valid, 2)                        # noqa: E731
+        if self.catch_up:
+            more = lambda s: self._catch_up(s, seq, m, valid, active, gamma + 1)  # noqa: E731
+            logits, state = jax.lax.cond(
+                jnp.all(behind <= 1), one,
+                lambda s: jax.lax.cond(jnp.all(behind <= 2), two, more, s), state)
+        else:  # alone, a model draft is at most two positions behind
+            logits, state = jax.lax.cond(jnp.any(behind > 1), two, one, state)
+
+        def draw(i, logits):                         # x_i, q_i, and whether the row goes on
+            q = adjust(logits, sampling)                                       # [B, V]
+            x = choose(fold_rows(keys, i), q, greedy)                          # [B]
+            if self.stop is None:
+                return x, q, jnp.ones((batch,), bool)
+            sure = branch(greedy, lambda: jax.nn.softmax(logits.astype(jnp.float32)), lambda: q)
+            return x, q, jnp.take_along_axis(sure, x[:, None], 1)[:, 0] >= self.stop
+
+        x1, q1, going = draw(0, logits)
         qs = jnp.zeros((batch, gamma) + q1.shape[-1:], jnp.float32).at[:, 0].set(q1)
         xs = jnp.zeros((batch, gamma), jnp.int32).at[:, 0].set(x1)
+        rows = jnp.arange(batch)
 
-        def draft_step(i, carry):                      # feeds x_i at m+i, samples x_{i+1}
-            dcache, qs, xs = carry
-            logits, dcache = draft(dcache, jax.lax.dynamic_slice_in_dim(xs, i - 1, 1, 1), m + i)
-            q = adjust(logits[:, 0], sampling)                                 # [B, V]
-            x = choose(fold_rows(keys, i), q, greedy)
-            return dcache, qs.at[:, i].set(q), xs.at[:, i].set(x)
+        def draft_step(c):                             # feeds x_i at m+i, samples x_{i+1}
+            i, state, qs, xs, count, going = c
+            x = jax.lax.dynamic_slice_in_dim(xs, i - 1, 1, 1)                  # [B, 1]
+            logits, cache = self.step(state.cache, x, m + i)
+            fed = state.fed.at[rows, m + i].set(x[:, 0], mode="drop")
+            x, q, sure = draw(i, logits[:, 0])
+            return (i + 1, ModelState(cache, fed), qs.at[:, i].set(q), xs.at[:, i].set(x),
+                    count + going, going & sure)
 
-        dcache, qs, xs = jax.lax.fori_loop(1, gamma, draft_step, (dcache, qs, xs))
-        return xs, qs, dcache
+        def drafting(c):
+            return (c[0] < gamma) & jnp.any(c[5] & active)
+
+        c = (1, state, qs, xs, jnp.ones((batch,), jnp.int32), going)
+        if self.stop is None:   # a fixed gamma: the fori_loop XLA can unroll
+            c = jax.lax.fori_loop(1, gamma, lambda i, c: draft_step(c), c)
+        else:
+            c = jax.lax.while_loop(drafting, draft_step, c)
+        _, state, qs, xs, count, _ = c
+        return Proposal(xs, qs, count, active & (behind > 1), state)
 
 
 def as_draft(draft):
     """A Draft as is; a bare step function as the model draft it is."""
     return draft if hasattr(draft, "propose") else ModelDraft(draft)
+
+
+@jax.tree_util.register_pytree_node_class
+class Fallback:
+    """Per row and round, `first`'s proposal where it proposes anything (count > 0; e.g. a
+    prompt-lookup match), `then`'s otherwise (e.g. the draft model). `then` is not run in a
+    round where every active row has `first`'s proposal. Exact: which draft a row uses is
+    decided by its history alone, and each proposal carries the q it was drawn from.
+    Give Models as `then` (or `first`) to `st.generate`; it builds their step functions."""
+
+    def __init__(self, first, then):
+        self.first, self.then = first, then
+
+    def __repr__(self):
+        return f"Fallback({self.first!r}, {self.then!r})"
+
+    def tree_flatten(self):
+        return (self.first, self.then), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children)
+
+    def init(self, input_ids: Array, length: int):
+        return self.first.init(input_ids, length), self.then.init(input_ids, length)
+
+    def propose(self, state, seq: Array, m: Array, active: Array, gamma: int,
+                sampling: SamplingConfig, keys: Array) -> Proposal:
+        k_first, k_then = fold_rows(keys, 1 << 20), fold_rows(keys, (1 << 20) + 1)
+        a = self.first.propose(state[0], seq, m, active, gamma, sampling, k_first)
+        use = a.count > 0                                                      # [B]
+
+        def skip(then_state):
+            z = _full(0, seq.shape[0])
+            return Proposal(a.xs, a.qs, z, z.astype(bool), then_state)
+
+        b = jax.lax.cond(jnp.all(use | ~active), skip,
+                         lambda s: self.then.propose(s, seq, m, active & ~use, gamma, sampling,
+                                                     k_then), state[1])
+        pick = lambda x, y: jnp.where(use.reshape(use.shape + (1,) * (x.ndim - 1)), x, y)  # noqa: E731
+        return Proposal(pick(a.xs, b.xs), pick(a.qs, b.qs), pick(a.count, b.count),
+                        b.wide_first, (a.state, b.state))
 
 
 @jax.tree_util.register_pytree_node_class
@@ -99,7 +226,7 @@ class PromptLookup:
     tokens (pads dropped) followed by its emitted tokens, the query's own position
     excluded; at the most recent occurrence of the longest n that occurs, the gamma tokens
     that followed it are proposed (a continuation that runs into the query repeats with the
-    occurrence's period). No match: the last token, repeated. q is one-hot on each
+    occurrence's period). No match: no proposal (count 0). q is one-hot on each
     proposal, so the decode stays exact. Needs no model; vocab_size is the target's."""
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, vocab_size: Optional[int] = None):
@@ -164,12 +291,15 @@ class PromptLookup:
         xs = jnp.where(found[:, None], _take(h, jnp.clip(cols, 0, H - 1)), last_token)
         return jnp.maximum(xs, 0), found
 
-    def propose(self, state, seq: Array, m: Array, swept: Array, gamma: int,
-                sampling: SamplingConfig, keys: Array):
+    def propose(self, state, seq: Array, m: Array, active: Array, gamma: int,
+                sampling: SamplingConfig, keys: Array) -> Proposal:
+        """The lookup's continuation (count gamma) where it finds one, nothing (count 0)
+        where it does not."""
         h, length = self.history(state, seq, m)
-        xs, _ = self.lookup(h, length, m, gamma)
+        xs, found = self.lookup(h, length, m, gamma)
         xs, qs = one_hot_proposal(xs, self.vocab_size)
-        return xs, qs, state
+        count = jnp.where(found, gamma, 0).astype(jnp.int32)
+        return Proposal(xs, qs, count, jnp.zeros_like(found), state)
 
 
 @jax.tree_util.register_pytree_node_class
@@ -254,8 +384,8 @@ class Bigram:
     def init(self, input_ids: Array, length: int):
         return ()
 
-    def propose(self, state, seq: Array, m: Array, swept: Array, gamma: int,
-                sampling: SamplingConfig, keys: Array):
+    def propose(self, state, seq: Array, m: Array, active: Array, gamma: int,
+                sampling: SamplingConfig, keys: Array) -> Proposal:
         prev = _take(seq, m[:, None])[:, 0]                                   # [B] y_m
         xs, qs = [], []
         for i in range(gamma):                                  # gamma table look-ups
@@ -263,4 +393,6 @@ class Bigram:
             prev = choose(fold_rows(keys, i), q, sampling.greedy)
             xs.append(prev)
             qs.append(q)
-        return jnp.stack(xs, 1), jnp.stack(qs, 1), state
+        B = seq.shape[0]
+        return Proposal(jnp.stack(xs, 1), jnp.stack(qs, 1), _full(gamma, B),
+                        jnp.zeros((B,), bool), state)

@@ -6,8 +6,8 @@ with per-row state. The loops know nothing of T5: a model is a step function
     logits [B, K, V], cache = step(cache, tokens [B, K], pos [B])
 that writes tokens at positions pos..pos+K-1 of an opaque cache by overwrite, so
 positions beyond a row's accepted tokens are simply rewritten next round. The speculative
-loop's drafts come from a `drafts` object (`propose` -> x_1..x_gamma and the q each was
-drawn from): a draft model's step function, prompt lookup, a bigram table.
+loop's drafts come from a `drafts` object (`propose` -> up to gamma tokens and the q each
+was drawn from): a draft model's step function, prompt lookup, a bigram table, a fallback.
 
 Token buffer: seq[:, 0] is the start token (0), seq[:, j] the j-th emitted token y_j; the
 model's output at position j predicts y_{j+1}.
@@ -41,9 +41,8 @@ class SpeculativeState(NamedTuple):
     seq: Array          # [B, max_len + 2]
     m: Array            # [B]
     done: Array         # [B]
-    swept: Array        # [B] the last round accepted every draft (the draft missed x_gamma)
     target_cache: Any
-    draft_state: Any    # the draft's own state (a draft model's cache)
+    draft_state: Any    # the draft's own state (a draft model's cache and what it holds)
     rng: Array          # [B]
     stats: Dict[str, Array]
 
@@ -87,9 +86,8 @@ def speculative_decode(target: StepFn, target_cache: Any, draft, draft_state: An
     greedy = sampling.greedy
     draft = as_draft(draft)
     verify = VERIFIERS[check_verification(verification, lenience)]
-    no = jnp.zeros((batch,), bool)
     state = SpeculativeState(jnp.zeros((batch, max_len + 2), jnp.int32),
-                             jnp.zeros((batch,), jnp.int32), no, no, target_cache, draft_state,
+                             jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), bool), target_cache, draft_state,
                              rng, init_stats(batch, gamma))
     steps = jnp.arange(gamma + 1)[None, :]                                     # [1, G+1]
 
@@ -97,9 +95,9 @@ def speculative_decode(target: StepFn, target_cache: Any, draft, draft_state: An
         seq, m = s.seq, s.m
         rng, k_draft, k_verify = split_rows(s.rng, 3)
 
-        # 1. Draft gamma tokens x_1..x_gamma, each drawn from its q_i.
-        xs, qs, dstate = draft.propose(s.draft_state, seq, m, s.swept & ~s.done, gamma,
-                                       sampling, k_draft)                     # [B, G], [B, G, V]
+        # 1. Draft up to gamma tokens x_1..x_count, each drawn from its q_i.
+        d = draft.propose(s.draft_state, seq, m, ~s.done, gamma, sampling, k_draft)
+        xs, qs = d.xs, d.qs                                                    # [B, G], [B, G, V]
 
         # 2. Verify: one target call over [y_m, x_1..x_gamma] -> p_1..p_{gamma+1}.
         tokens = jnp.concatenate([_take(seq, m[:, None]), xs], axis=1)         # [B, G+1]
@@ -107,13 +105,14 @@ def speculative_decode(target: StepFn, target_cache: Any, draft, draft_state: An
         p = adjust(logits, sampling)
 
         # 3-4. Accept a prefix of n drafts, then one token from the target's side.
-        n, nxt, accepted = verify(k_verify, p, qs, xs, greedy, lenience)
+        n, nxt, accepted = verify(k_verify, p, qs, xs, greedy, lenience, d.count)
         new = jnp.where(steps < n[:, None], jnp.pad(xs, ((0, 0), (0, 1))),
                         jnp.where(steps == n[:, None], nxt[:, None], 0))       # [B, G+1]
         seq, m, done, emitted = emit(seq, m, s.done, new, n + 1, eos_id, max_len)
-        reached = jnp.pad(accepted[:, :-1], ((0, 0), (1, 0)), constant_values=True)
-        stats = record_call(s.stats, ~s.done, emitted, gamma, accepted, reached, s.swept)
-        return SpeculativeState(seq, m, done, n == gamma, tcache, dstate, rng, stats)
+        proposed = steps[:, :gamma] < d.count[:, None]                         # [B, G]
+        reached = jnp.pad(accepted[:, :-1], ((0, 0), (1, 0)), constant_values=True) & proposed
+        stats = record_call(s.stats, ~s.done, emitted, d.count, accepted, reached, d.wide_first)
+        return SpeculativeState(seq, m, done, tcache, d.state, rng, stats)
 
     s = jax.lax.while_loop(_running, round_, state)
     return s.seq[:, 1:max_len + 1], s.m, s.stats

@@ -66,6 +66,7 @@ class GenerateOutput:
                 "draft_calls": int(s["draft_calls"][i]),
                 "tokens_per_call_hist": np.asarray(s["tokens_per_call_hist"][i]).tolist(),
                 "two_token_draft_calls": int(s["two_token_draft_calls"][i]),
+                "drafts_per_round_hist": np.asarray(s["drafts_per_round_hist"][i]).tolist(),
                 "accepted": int(np.sum(s["accepted_at"][i]))}
 
     def rows(self) -> List[Dict[str, Any]]:
@@ -89,20 +90,24 @@ def init_stats(batch: int, gamma: int) -> Dict[str, Array]:
     z = jnp.zeros((batch,), jnp.int32)
     return {"target_calls": z, "draft_calls": z, "two_token_draft_calls": z,
             "tokens_per_call_hist": jnp.zeros((batch, gamma + 1), jnp.int32),
+            "drafts_per_round_hist": jnp.zeros((batch, gamma + 1), jnp.int32),
             "accepted_at": jnp.zeros((batch, gamma), jnp.int32),
             "reached_at": jnp.zeros((batch, gamma), jnp.int32)}
 
 
-def record_call(stats: Dict[str, Array], active: Array, emitted: Array, gamma: int,
+def record_call(stats: Dict[str, Array], active: Array, emitted: Array, drafts=0,
                 accepted: Array | None = None, reached: Array | None = None,
                 two_token: Array | None = None) -> Dict[str, Array]:
-    """Count one target call (and its gamma draft calls, `two_token` [B] when the first of
-    them fed two tokens) for the rows that were active."""
+    """Count one target call for the rows that were active, and the drafts [B] each proposed
+    before it (`two_token` [B] when a draft model's first call fed more than one token)."""
     a = active.astype(jnp.int32)                                               # [B]
-    hist = jax.nn.one_hot(emitted - 1, gamma + 1, dtype=jnp.int32) * a[:, None]
+    size = stats["tokens_per_call_hist"].shape[1]                             # gamma + 1
+    hist = jax.nn.one_hot(emitted - 1, size, dtype=jnp.int32) * a[:, None]
     new = dict(stats, target_calls=stats["target_calls"] + a,
-               draft_calls=stats["draft_calls"] + a * gamma,
-               tokens_per_call_hist=stats["tokens_per_call_hist"] + hist)
+               draft_calls=stats["draft_calls"] + a * drafts,
+               tokens_per_call_hist=stats["tokens_per_call_hist"] + hist,
+               drafts_per_round_hist=stats["drafts_per_round_hist"]
+               + jax.nn.one_hot(drafts, size, dtype=jnp.int32) * a[:, None])
     if accepted is not None:
         new["accepted_at"] = stats["accepted_at"] + accepted.astype(jnp.int32) * a[:, None]
         new["reached_at"] = stats["reached_at"] + reached.astype(jnp.int32) * a[:, None]

@@ -160,10 +160,20 @@ def _divide(a: Array, b: Array) -> Array:
     return jnp.where(b > 0, a / jnp.where(b > 0, b, 1.0), 0.0)
 
 
-def _argmax_rule(p: Array, drafts: Array) -> Tuple[Array, Array, Array]:
-    """Greedy verification (token and block alike): the longest prefix of drafts equal to
-    the target's argmaxes, then the target's argmax after it."""
-    n, accepted = _prefix(drafts == jnp.argmax(p[:, :drafts.shape[1]], axis=-1))
+def _proposed(q: Array, count) -> Tuple[Array, Array]:
+    """(q with the rows beyond each row's count [B] zeroed, proposed mask [B, G]). A zero q
+    is 'nothing proposed': it is never accepted and leaves p itself as the residual."""
+    G = q.shape[1]
+    if count is None:
+        return q, jnp.ones(q.shape[:2], bool)
+    proposed = jnp.arange(G)[None, :] < count[:, None]                         # [B, G]
+    return jnp.where(proposed[..., None], q, 0.0), proposed
+
+
+def _argmax_rule(p: Array, drafts: Array, proposed: Array) -> Tuple[Array, Array, Array]:
+    """Greedy verification (token and block alike): the longest prefix of proposed drafts
+    equal to the target's argmaxes, then the target's argmax after it."""
+    n, accepted = _prefix((drafts == jnp.argmax(p[:, :drafts.shape[1]], axis=-1)) & proposed)
     return n, jnp.argmax(_at(p, n), axis=-1).astype(jnp.int32), accepted
 
 
@@ -180,7 +190,7 @@ def _correction(key: Array, p: Array, q: Array, n: Array, weight: Array) -> Arra
 
 
 def verify(rng: Array, p: Array, q: Array, drafts: Array, greedy,
-           lenience: float = 1.0) -> Tuple[Array, Array, Array]:
+           lenience: float = 1.0, count: Array | None = None) -> Tuple[Array, Array, Array]:
     """Algorithm 1's accept/reject for a batch of rows.
 
     rng [B]: one key per row. p [B, G+1, V] target distributions, q [B, G, V] the draft
@@ -188,17 +198,20 @@ def verify(rng: Array, p: Array, q: Array, drafts: Array, greedy,
     min(1, p_i(x)/(l q_i(x))), left to right, stopping at the first rejection (greedy:
     accept iff x_i is p_i's argmax). Returns (n [B] accepted drafts, next token [B], accepted
     mask [B, G]): the next token comes from norm(max(0, p_{n+1} - q_{n+1})) after a
-    rejection, from p_{G+1} otherwise."""
+    rejection, from p_{n+1} when all proposed were accepted. count [B]: drafts each row
+    proposed (default G); drafts[:, count:] are never accepted."""
     G = drafts.shape[1]
     k_accept, k_next = split_rows(rng, 2)
+    q, proposed = _proposed(q, count)
 
     def sampled_rule(p, q):
         u = _uniform(k_accept, G)                                              # [B, G]
         # u < min(1, p/(l q)), not dividing by q
-        n, accepted = _prefix(u * lenience * _drafted(q, drafts) < _drafted(p[:, :G], drafts))
+        ok = u * lenience * _drafted(q, drafts) < _drafted(p[:, :G], drafts)
+        n, accepted = _prefix(ok & proposed)
         return n, _correction(k_next, p, q, n, jnp.ones(n.shape, p.dtype)), accepted
 
-    return branch(greedy, lambda p, q: _argmax_rule(p, drafts), sampled_rule, p, q)
+    return branch(greedy, lambda p, q: _argmax_rule(p, drafts, proposed), sampled_rule, p, q)
 
 
 def block_weights(p: Array, q: Array, drafts: Array) -> Tuple[Array, Array]:
@@ -227,7 +240,7 @@ def block_weights(p: Array, q: Array, drafts: Array) -> Tuple[Array, Array]:
 
 
 def verify_block(rng: Array, p: Array, q: Array, drafts: Array, greedy,
-                 lenience: float = 1.0) -> Tuple[Array, Array, Array]:
+                 lenience: float = 1.0, count: Array | None = None) -> Tuple[Array, Array, Array]:
     """Block verification: Sun, Mendlovic, Leviathan, Aharoni, Beirami, Ro, Suresh, "Block
     Verification Accelerates Speculative Decoding" (ICLR 2025, arXiv 2403.10444), Algorithm 2.
     Same inputs and outputs as `verify`; exact, and never fewer accepted drafts on average.
@@ -238,10 +251,12 @@ def verify_block(rng: Array, p: Array, q: Array, drafts: Array, greedy,
       p_res(x) = norm(max(w_n p_{n+1}(x) - q_{n+1}(x), 0))   for n < G,  p_{G+1} for n = G.
     G = 1 is exactly Algorithm 1. Greedy (one-hot p, q) is exactly token-wise: the longest
     argmax-matching prefix, then the target's argmax. lenience must be 1 (see
-    `check_verification`)."""
+    `check_verification`). count [B]: drafts each row proposed; with q zero beyond it,
+    w and h vanish there and h_count = w_count: Algorithm 2 on the shorter block."""
     check_verification("block", lenience)
     G = drafts.shape[1]
     k_accept, k_next = split_rows(rng, 2)
+    q, proposed = _proposed(q, count)
 
     def sampled_rule(p, q):
         w, h = block_weights(p, q, drafts)                                     # [B, G+1], [B, G]
@@ -251,7 +266,7 @@ def verify_block(rng: Array, p: Array, q: Array, drafts: Array, greedy,
         w_n = jnp.take_along_axis(w, n[:, None], axis=1)[:, 0]                 # [B]
         return n, _correction(k_next, p, q, n, w_n), accepted
 
-    return branch(greedy, lambda p, q: _argmax_rule(p, drafts), sampled_rule, p, q)
+    return branch(greedy, lambda p, q: _argmax_rule(p, drafts, proposed), sampled_rule, p, q)
 
 
 VERIFIERS = {"token": verify, "block": verify_block}
