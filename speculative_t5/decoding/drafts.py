@@ -172,11 +172,6 @@ class ModelDraft(NamedTuple):
         return Proposal(xs, qs, count, active & (behind > 1), state)
 
 
-def as_draft(draft):
-    """A Draft as is; a bare step function as the model draft it is."""
-    return draft if hasattr(draft, "propose") else ModelDraft(draft)
-
-
 @jax.tree_util.register_pytree_node_class
 class Fallback:
     """Per row and round, `first`'s proposal where it proposes anything (count > 0; e.g. a

@@ -19,7 +19,6 @@ from typing import Any, Callable, Dict, NamedTuple, Tuple
 import jax
 import jax.numpy as jnp
 
-from speculative_t5.decoding.drafts import as_draft
 from speculative_t5.decoding.output import emit, init_stats, record_call
 from speculative_t5.decoding.sampling import (VERIFIERS, SamplingConfig, adjust, choose,
                                               check_verification, split_rows)
@@ -81,10 +80,9 @@ def speculative_decode(target: StepFn, target_cache: Any, draft, draft_state: An
                        verification: str = "token"):
     """Algorithm 1 of Leviathan et al. (2023), batched; every row emits >= 1 token a round.
     rng [B]: a PRNG key per row. verification: "token" (`verify`) or "block" (`verify_block`,
-    Sun et al. 2025) decides how many drafts a round accepts. draft: a `drafts.Draft` (its
-    `init` made draft_state), or a draft model's step function (draft_state its cache)."""
+    Sun et al. 2025) decides how many drafts a round accepts. draft: a draft (`drafts`: a
+    `ModelDraft` around a draft model's step function, ...) whose `init` made draft_state."""
     greedy = sampling.greedy
-    draft = as_draft(draft)
     verify = VERIFIERS[check_verification(verification, lenience)]
     state = SpeculativeState(jnp.zeros((batch, max_len + 2), jnp.int32),
                              jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), bool), target_cache, draft_state,

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from speculative_t5.decoding.drafts import ModelDraft
 from speculative_t5.decoding.loops import plain_decode, speculative_decode
 from speculative_t5.decoding.sampling import SamplingConfig, row_keys
 from speculative_t5.generate import generate
@@ -97,7 +98,9 @@ def _free_loop(logits_row, rng, temperature, *, gamma: int, max_len: int, top_k:
     cache, rng = jnp.zeros((), jnp.int32), row_keys(rng, 1)
     if gamma == 0:
         return plain_decode(step, cache, 1, max_len, -1, sampling, rng)
-    return speculative_decode(step, cache, step, cache, 1, max_len, -1, gamma, sampling, rng)
+    draft = ModelDraft(step, lambda ids, length: cache)
+    state = draft.init(jnp.zeros((1, 1), jnp.int32), max_len + gamma + 1)
+    return speculative_decode(step, cache, draft, state, 1, max_len, -1, gamma, sampling, rng)
 
 
 def loop_timer(vocab_size: int, gamma: int, sampling: SamplingConfig, max_len: int = 64,
