@@ -18,6 +18,7 @@ from speculative_t5.checkpoints import (CheckpointError, detect_format, export_h
                                         load_checkpoint, save_checkpoint)
 from speculative_t5.checkpoints.demo import load_demo
 from speculative_t5.decoding import GenerateOutput, SamplingConfig, drafts
+from speculative_t5.calibration import GammaCosts, gamma_costs
 from speculative_t5.generate import generate
 from speculative_t5.partitioning import Partitioner
 from speculative_t5 import data

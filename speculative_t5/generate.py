@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from speculative_t5.calibration import GammaCosts, gamma_costs
 from speculative_t5.decoding.drafts import Fallback, ModelDraft
 from speculative_t5.decoding.loops import plain_decode, speculative_decode
 from speculative_t5.decoding.output import GenerateOutput
@@ -27,12 +28,13 @@ def step_fn(model: Model):
 
 
 @functools.partial(jax.jit, static_argnames=("gamma", "max_decode_len", "top_k", "top_p",
-                                             "lenience", "verification", "draft_stop",
+                                             "lenience", "verification", "draft_stop", "adaptive",
                                              "recompute_cross_attention", "partitioner"))
 def _generate(target: Model, draft: Any, input_ids, rng, temperature, *, gamma: int,
               max_decode_len: int, top_k: int, top_p: float, lenience: float,
               recompute_cross_attention: bool, partitioner: Optional[Partitioner] = None,
-              verification: str = "token", draft_stop: Optional[float] = None):
+              verification: str = "token", draft_stop: Optional[float] = None,
+              adaptive: bool = False, costs=None):
     """One program per shape and static setting; the temperature is traced, so greedy and
     sampled decodes share it (`SamplingConfig.greedy`). rng: [B] keys. With a partitioner the
     caches are sharded by their logical axes (rows over 'data', heads over 'model'); the
@@ -57,10 +59,11 @@ def _generate(target: Model, draft: Any, input_ids, rng, temperature, *, gamma: 
             return ModelDraft(step_fn(d), functools.partial(setup, d, role="draft"),
                               draft_stop, catch_up)
         return Fallback(build(d.first, True), build(d.then, True)) if isinstance(d, Fallback) else d
-    draft = build(draft, False)
+    draft = build(draft, adaptive)  # adaptive: plain rounds leave a model draft behind
     tcache, dstate = setup(target, input_ids, length), draft.init(input_ids, length)
     return speculative_decode(step_fn(target), tcache, draft, dstate, B,
-                              max_decode_len, eos, gamma, sampling, rng, lenience, verification)
+                              max_decode_len, eos, gamma, sampling, rng, lenience, verification,
+                              costs if adaptive else None)
 
 
 def check_int(name: str, value, lo: int) -> int:
@@ -187,7 +190,8 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
              max_input_len: Optional[int] = None,
              sampling: Optional[SamplingConfig] = None,
              partitioner: Optional[Partitioner] = None,
-             verification: str = "token", draft_stop: Optional[float] = None) -> GenerateOutput:
+             verification: str = "token", draft_stop: Optional[float] = None,
+             adaptive_gamma=False) -> GenerateOutput:
     """Decode `input_ids` (int32 [B, S], 0 = pad) with `model`; with a `draft`, speculatively.
     draft: another Model (same vocabulary, eos and pad ids), a zero-cost draft from
     `st.drafts` (`PromptLookup()`, `Bigram.fit(...)`), `st.drafts.Fallback(first, then)`
@@ -210,7 +214,12 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
     (Sun et al. 2025, Algorithm 2: the block judged jointly; as exact, never fewer tokens per
     call on average, identical when greedy; lenience must then be 1).
     draft_stop: a probability t in (0, 1): a row stops drafting after a token its draft
-    model gave probability below t (fewer draft calls; still exact); needs a draft model."""
+    model gave probability below t (fewer draft calls; still exact); needs a draft model.
+    adaptive_gamma: True, or measured costs `GammaCosts(c, v)`: gamma becomes each round's
+    maximum; a round drafts the number in 0..gamma that eq. (5) prefers for the batch's
+    running acceptance rate (0: a plain target step, where speculation does not pay). True
+    measures c and v here at this batch size and width, once per process (a few seconds).
+    Exact: the choice depends only on earlier rounds."""
     if not isinstance(model, Model):
         raise TypeError(f"model must be a speculative_t5.Model, got {type(model).__name__}")
     gamma, max_decode_len = check_int("gamma", gamma, 1), check_int("max_decode_len", max_decode_len, 1)
@@ -219,6 +228,14 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
     if draft is not None:
         draft = check_draft(model, draft)
     draft_stop = check_draft_stop(draft_stop, draft)
+    if adaptive_gamma is not False and not (adaptive_gamma is True or (
+            isinstance(adaptive_gamma, tuple) and len(adaptive_gamma) == 2
+            and all(isinstance(x, (int, float)) and x >= 0 for x in adaptive_gamma))):
+        raise ValueError(f"adaptive_gamma must be True, False or GammaCosts(c, v) with c, v "
+                         f">= 0, got {adaptive_gamma!r}")
+    if adaptive_gamma is not False and draft is None:
+        raise ValueError("adaptive_gamma needs a draft (it chooses how many drafts a round "
+                         "makes)")
     ids = np.asarray(input_ids)
     if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer) or ids.shape[0] == 0 \
             or ids.shape[1] == 0:
@@ -258,18 +275,26 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
         keys = jax.device_put(_pad_rows(np.asarray(keys), partitioner.data_size),
                               partitioner.sharding(("batch",)))
     speculative = draft is not None
+    costs = None
+    if adaptive_gamma is True:
+        costs = gamma_costs(model, draft_models(draft), ids.shape[0], gamma, ids.shape[1],
+                            max_decode_len + gamma + 1)
+    elif adaptive_gamma is not False:
+        costs = GammaCosts(*map(float, adaptive_gamma))
     tokens, lengths, stats = _generate(
         model, draft, ids, keys, jnp.float32(sampling.temperature),
         gamma=gamma if speculative else 0, max_decode_len=max_decode_len,
         top_k=sampling.top_k, top_p=sampling.top_p, lenience=float(lenience),
         verification=verification if speculative else "token", draft_stop=draft_stop,
+        adaptive=costs is not None,
+        costs=None if costs is None else jnp.asarray(costs, jnp.float32),
         recompute_cross_attention=bool(recompute_cross_attention), partitioner=partitioner)
     tokens, lengths, stats = _to_host((tokens, lengths, stats))
     tokens, lengths = tokens[:rows], lengths[:rows]
     stats = {k: v[:rows] for k, v in stats.items()}
     stats.update(gamma=gamma if speculative else 0, exact=lenience == 1.0,
                  lenience=float(lenience), verification=verification if speculative else None,
-                 draft_stop=draft_stop)
+                 draft_stop=draft_stop, adaptive_costs=None if costs is None else costs._asdict())
     return GenerateOutput(tokens, lengths, stats)
 
 

@@ -104,7 +104,7 @@ def test_decode_zero_cost_and_fallback_drafts(setup, tmp_path):
     assert cli.main(base + ["--output", plain]) == 0
     assert cli.main(base + ["--output", lookup, "--draft", "prompt_lookup:2"]) == 0
     assert cli.main(base + ["--output", fb, "--draft", f"prompt_lookup,{setup['draft']}",
-                            "--draft_stop", "0.1"]) == 0
+                            "--draft_stop", "0.1", "--adaptive_gamma"]) == 0
     want = [r["tokens"] for r in _read(plain)]
     for path in (lookup, fb):
         records = _read(path)
@@ -118,13 +118,15 @@ def test_decode_zero_cost_and_fallback_drafts(setup, tmp_path):
     first, then = header["draft"]
     assert first == {"kind": "prompt_lookup", "max_ngram": 3, "min_ngram": 1}
     assert then["path"] == os.path.abspath(setup["draft"]) and then["fingerprint"]
-    assert header["draft_stop"] == 0.1
+    assert header["draft_stop"] == 0.1 and header["adaptive_gamma"] is True
     with open(lookup) as f:
         assert json.loads(f.readline())["speculative_t5"]["header"]["draft"]["max_ngram"] == 2
     for spec, match in (("prompt_lookup:x", "MAX_NGRAM"), ("a,b,c", "at most two"),
                         ("prompt_lookup:0", "max_ngram must be an int >= 1")):
         with pytest.raises(SystemExit, match=match):
             cli.main(base + ["--output", str(tmp_path / "bad.jsonl"), "--draft", spec])
+    with pytest.raises(SystemExit, match="adaptive_gamma needs --draft"):
+        cli.main(base + ["--output", str(tmp_path / "bad.jsonl"), "--adaptive_gamma"])
     with pytest.raises(SystemExit, match="draft_stop needs a draft model"):
         cli.main(base + ["--output", str(tmp_path / "bad.jsonl"), "--draft", "prompt_lookup",
                          "--draft_stop", "0.5"])

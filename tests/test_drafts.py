@@ -130,8 +130,8 @@ def test_bigram_sampling_is_exact(target8, monkeypatch):
 class WrongQ(PromptLookup):
     """Negative control: proposes as PromptLookup but reports its q one position off (q_i
     one-hot on x_{i+1}, a misalignment bug): not what x_i was drawn from."""
-    def propose(self, state, seq, m, active, gamma, sampling, keys):
-        d = super().propose(state, seq, m, active, gamma, sampling, keys)
+    def propose(self, *args):
+        d = super().propose(*args)
         return d._replace(qs=jnp.roll(d.qs, -1, axis=1))
 
 
@@ -141,10 +141,10 @@ def test_exactness_test_detects_a_wrong_q(target8, monkeypatch):
     assert pvalue < 1e-3, pvalue
 
 
-@pytest.fixture(scope="module")
-def greedy_case():
+def make_greedy_case():
     """The test_generate batch (8 rows of different lengths) and an EOS that plain greedy
-    emits mid-sequence, so rows stop inside draft windows."""
+    emits mid-sequence, so rows stop inside draft windows: (target, inputs, plain greedy
+    output, the tokens greedy writes without that EOS)."""
     target = st.init_model(tiny_config(), seed=0)
     inputs = random_ids(np.random.RandomState(0), 8, 9, 53, pad_tail=list(range(8)))
     tokens = st.generate(target, inputs, max_decode_len=MAX_LEN).tokens
@@ -152,6 +152,11 @@ def greedy_case():
     eos = int(values[np.argmax(counts)])
     target = st.Model(target.config.replace(eos_id=eos), target.params)
     return target, inputs, st.generate(target, inputs, max_decode_len=MAX_LEN), tokens
+
+
+@pytest.fixture(scope="module")
+def greedy_case():
+    return make_greedy_case()
 
 
 @pytest.mark.parametrize("kind", ["prompt_lookup", "bigram"])

@@ -5,7 +5,8 @@ import os
 
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "speculative_t5")
 # lowest first; one layer may hold several independent packages
-LAYERS = [{"model", "decoding", "data"}, {"partitioning"}, {"checkpoints"}, {"generate"}, {"measure"},
+LAYERS = [{"model", "decoding", "data"}, {"partitioning"}, {"checkpoints"}, {"calibration"},
+          {"generate"}, {"measure"},
           {"training"}, {"experiments"}, {"commands"}]
 
 

@@ -5,7 +5,8 @@ import numpy as np
 
 import speculative_t5 as st
 from helpers import tiny_config
-from speculative_t5.measure.timing import _steps, decoder_step_bytes, step_times
+from speculative_t5.calibration import _steps, step_times
+from speculative_t5.measure.timing import decoder_step_bytes
 
 
 def test_loop_steps_feed_each_argmax_to_the_next_step():

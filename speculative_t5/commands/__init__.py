@@ -87,6 +87,9 @@ COMMANDS: Dict[str, Command] = {
              ("gamma", int), ("temperature", float), ("top_k", int), ("top_p", float),
              ("lenience", float), ("max_decode_len", int), ("max_input_len", int),
              ("batch_size", int), ("seed", int), ("draft_stop", float))),
+         ("--adaptive_gamma", dict(action="store_true", default=None,
+                                   help="each round drafts 0..gamma by eq. (5), from the running "
+                                   "acceptance rate and c, v measured here")),
          ("--verification", dict(help="token (Algorithm 1, the default) or block (Sun et al. "
                                  "2025: the draft block verified jointly)")),
          ("--prefix", dict(help="text prepended to every input, e.g. 'summarize: '")),

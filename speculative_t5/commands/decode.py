@@ -86,7 +86,7 @@ def decode(target: str = gin.REQUIRED, input_file: str = gin.REQUIRED,
            batch_size: int = 8, seed: int = 0, prefix: str = "", dtype: Optional[str] = None,
            activation_dtype: Optional[str] = None, partitioner: Optional[Partitioner] = None,
            verification: str = "token", draft_stop: Optional[float] = None,
-           quiet: bool = False) -> dict:
+           adaptive_gamma: bool = False, quiet: bool = False) -> dict:
     """Decode every line of `input_file`; one JSONL record per example in `output`.
 
     partitioner: the mesh to run on; default `Partitioner()`, configured by gin the T5X way
@@ -96,7 +96,8 @@ def decode(target: str = gin.REQUIRED, input_file: str = gin.REQUIRED,
     draft: a draft model checkpoint, 'prompt_lookup[:MAX[:MIN]]' (no model), or
     'FIRST,THEN' (a fallback: 'prompt_lookup,PATH'); see `checkpoints.load_draft`.
     verification: "token" (default) or "block"; draft_stop: a probability, as in
-    `st.generate`; both part of the run."""
+    `st.generate`; both part of the run. adaptive_gamma: gamma becomes each round's
+    maximum, c and v measured at the first batch (see `st.generate`)."""
     # every option is checked before anything is read, written or loaded
     sampling = sampling_config(None, temperature, top_k, top_p)
     gamma, max_decode_len = check_int("gamma", gamma, 1), check_int("max_decode_len", max_decode_len, 1)
@@ -112,6 +113,10 @@ def decode(target: str = gin.REQUIRED, input_file: str = gin.REQUIRED,
     if os.path.abspath(output) == os.path.abspath(input_file):
         raise ValueError(f"--output {output} is the input file")
     draft_stop = check_draft_stop(draft_stop, draft, bool(_draft_dirs(draft)))
+    if not isinstance(adaptive_gamma, bool):
+        raise ValueError(f"adaptive_gamma must be true or false, got {adaptive_gamma!r}")
+    if adaptive_gamma and not draft:
+        raise ValueError("adaptive_gamma needs --draft")
     draft_identity = _draft_identity(draft)
     vocabulary = find_vocabulary(vocab, target, *_draft_dirs(draft))
     examples = read_inputs(input_file, prefix)
@@ -126,7 +131,7 @@ def decode(target: str = gin.REQUIRED, input_file: str = gin.REQUIRED,
            "lenience": lenience, "max_decode_len": max_decode_len, "seed": seed,
            "dtype": dtype, "activation_dtype": activation_dtype,
            "verification": verification if draft else None,
-           "draft_stop": draft_stop}
+           "draft_stop": draft_stop, "adaptive_gamma": adaptive_gamma or None}  # None: as before
     log, done = _open_log(output, run, len(examples))
     todo = [i for i in range(len(examples)) if i not in done]
     if log is not None:
@@ -155,7 +160,7 @@ def decode(target: str = gin.REQUIRED, input_file: str = gin.REQUIRED,
         res = generate(target_model, ids, draft=draft_model, gamma=gamma,
                        max_decode_len=max_decode_len, sampling=sampling, lenience=lenience,
                        verification=verification, draft_stop=draft_stop, rng=keys,
-                       partitioner=partitioner)
+                       adaptive_gamma=adaptive_gamma, partitioner=partitioner)
         seconds = time.perf_counter() - t0
         for row, i in enumerate(idx):
             stats = res.row(row)

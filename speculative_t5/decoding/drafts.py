@@ -3,11 +3,12 @@
 A draft is an object with
     state = init(input_ids [B, S], length)          once per decode (a pytree)
     Proposal(xs [B, G], qs [B, G, V], count [B], wide_first [B], state)
-          = propose(state, seq [B, N], m [B], active [B], gamma, sampling, keys [B])
+          = propose(state, seq [B, N], m [B], active [B], gamma, sampling, keys [B], limit)
 where seq is the loop's token buffer (seq[:, 0] the start token, seq[:, j] = y_j), m [B]
 the tokens emitted so far, active [B] the rows still decoding, keys [B] one PRNG key per
-row for this round. count [B] <= gamma is how many drafts a row proposes (xs[:, count:] are
-not proposals; 0 makes the round a plain target step); the decision to draft x_{i+1} may
+row for this round, limit None or a traced int in 1..gamma (adaptive gamma: this round's
+most). count [B] <= limit is how many drafts a row proposes (xs[:, count:] are not
+proposals; 0 makes the round a plain target step); the decision to draft x_{i+1} may
 depend on x_1..x_i and anything before, never on x_{i+1} itself. qs[:, i] must be EXACTLY
 the distribution xs[:, i] was drawn from: the accept test divides by it, so any q the draft
 really sampled from keeps the decode exact (a one-hot q for a deterministic proposal too).
@@ -120,7 +121,7 @@ class ModelDraft(NamedTuple):
         return self._feed(state, seq, m, valid, width)
 
     def propose(self, state: ModelState, seq: Array, m: Array, active: Array, gamma: int,
-                sampling: SamplingConfig, keys: Array) -> Proposal:
+                sampling: SamplingConfig, keys: Array, limit=None) -> Proposal:
         """Catch the cache up to y_m, then gamma serial draft steps; step i samples x_i from
         q_i = adjust(logits_i)."""
         greedy, batch, N = sampling.greedy, seq.shape[0], seq.shape[1]
@@ -161,10 +162,10 @@ class ModelDraft(NamedTuple):
                     count + going, going & sure)
 
         def drafting(c):
-            return (c[0] < gamma) & jnp.any(c[5] & active)
+            return (c[0] < (gamma if limit is None else limit)) & jnp.any(c[5] & active)
 
         c = (1, state, qs, xs, jnp.ones((batch,), jnp.int32), going)
-        if self.stop is None:   # a fixed gamma: the fori_loop XLA can unroll
+        if self.stop is None and limit is None:   # a fixed gamma: a fori_loop
             c = jax.lax.fori_loop(1, gamma, lambda i, c: draft_step(c), c)
         else:
             c = jax.lax.while_loop(drafting, draft_step, c)
@@ -197,9 +198,9 @@ class Fallback:
         return self.first.init(input_ids, length), self.then.init(input_ids, length)
 
     def propose(self, state, seq: Array, m: Array, active: Array, gamma: int,
-                sampling: SamplingConfig, keys: Array) -> Proposal:
+                sampling: SamplingConfig, keys: Array, limit=None) -> Proposal:
         k_first, k_then = fold_rows(keys, 1 << 20), fold_rows(keys, (1 << 20) + 1)
-        a = self.first.propose(state[0], seq, m, active, gamma, sampling, k_first)
+        a = self.first.propose(state[0], seq, m, active, gamma, sampling, k_first, limit)
         use = a.count > 0                                                      # [B]
 
         def skip(then_state):
@@ -208,7 +209,7 @@ class Fallback:
 
         b = jax.lax.cond(jnp.all(use | ~active), skip,
                          lambda s: self.then.propose(s, seq, m, active & ~use, gamma, sampling,
-                                                     k_then), state[1])
+                                                     k_then, limit), state[1])
         pick = lambda x, y: jnp.where(use.reshape(use.shape + (1,) * (x.ndim - 1)), x, y)  # noqa: E731
         return Proposal(pick(a.xs, b.xs), pick(a.qs, b.qs), pick(a.count, b.count),
                         b.wide_first, (a.state, b.state))
@@ -287,13 +288,13 @@ class PromptLookup:
         return jnp.maximum(xs, 0), found
 
     def propose(self, state, seq: Array, m: Array, active: Array, gamma: int,
-                sampling: SamplingConfig, keys: Array) -> Proposal:
-        """The lookup's continuation (count gamma) where it finds one, nothing (count 0)
-        where it does not."""
+                sampling: SamplingConfig, keys: Array, limit=None) -> Proposal:
+        """The lookup's continuation (count gamma, or limit) where it finds one, nothing
+        (count 0) where it does not."""
         h, length = self.history(state, seq, m)
         xs, found = self.lookup(h, length, m, gamma)
         xs, qs = one_hot_proposal(xs, self.vocab_size)
-        count = jnp.where(found, gamma, 0).astype(jnp.int32)
+        count = jnp.where(found, gamma if limit is None else limit, 0).astype(jnp.int32)
         return Proposal(xs, qs, count, jnp.zeros_like(found), state)
 
 
@@ -380,7 +381,7 @@ class Bigram:
         return ()
 
     def propose(self, state, seq: Array, m: Array, active: Array, gamma: int,
-                sampling: SamplingConfig, keys: Array) -> Proposal:
+                sampling: SamplingConfig, keys: Array, limit=None) -> Proposal:
         prev = _take(seq, m[:, None])[:, 0]                                   # [B] y_m
         xs, qs = [], []
         for i in range(gamma):                                  # gamma table look-ups
@@ -389,5 +390,5 @@ class Bigram:
             xs.append(prev)
             qs.append(q)
         B = seq.shape[0]
-        return Proposal(jnp.stack(xs, 1), jnp.stack(qs, 1), _full(gamma, B),
-                        jnp.zeros((B,), bool), state)
+        return Proposal(jnp.stack(xs, 1), jnp.stack(qs, 1),
+                        _full(gamma if limit is None else limit, B), jnp.zeros((B,), bool), state)

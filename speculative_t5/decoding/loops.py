@@ -55,6 +55,34 @@ def _take(seq: Array, cols: Array) -> Array:
     return jnp.take_along_axis(seq, cols, axis=1)
 
 
+def _plain_step(step: StepFn, s, key: Array, sampling: SamplingConfig, eos_id: int,
+                max_len: int):
+    """One target call at each row's position m, one token from it (keys [B]) ->
+    (seq, m, done, emitted [B], the target's cache)."""
+    cache = s.cache if isinstance(s, PlainState) else s.target_cache
+    logits, cache = step(cache, _take(s.seq, s.m[:, None]), s.m)                # [B, 1, V]
+    token = choose(key, adjust(logits[:, 0], sampling), sampling.greedy)       # [B]
+    return emit(s.seq, s.m, s.done, token[:, None], jnp.ones_like(s.m), eos_id, max_len) + (cache,)
+
+
+def choose_gamma(alpha: Array, costs: Array, gamma: int) -> Array:
+    """The round's gamma in 0..gamma with the most expected tokens per unit of target time
+    by eq. (5): (1 - alpha^(g+1)) / ((1 - alpha)(g c + v)) for g >= 1, 1 for g = 0 (a plain
+    step, cost 1). costs: [c, v] (v for the verify pass over gamma + 1 tokens, the width
+    every speculative round uses)."""
+    g = jnp.arange(gamma + 1, dtype=jnp.float32)
+    a = jnp.clip(alpha, 0.0, 0.999)
+    tokens = (1.0 - a ** (g + 1)) / (1.0 - a)
+    cost = jnp.where(g == 0, 1.0, g * costs[0] + costs[1])
+    return jnp.argmax(tokens / cost).astype(jnp.int32)
+
+
+def running_alpha(stats: Dict[str, Array]) -> Array:
+    """The batch's acceptance rate so far, accepted / reached drafts, starting from 1 (one
+    pseudo-acceptance): a decode speculates until its own drafts say it does not pay."""
+    return (jnp.sum(stats["accepted_at"]) + 1.0) / (jnp.sum(stats["reached_at"]) + 1.0)
+
+
 def plain_decode(step: StepFn, cache: Any, batch: int, max_len: int, eos_id: int,
                  sampling: SamplingConfig, rng: Array):
     """T5X `temperature_sample` semantics: one target call per emitted token. rng [B]: a
@@ -64,10 +92,7 @@ def plain_decode(step: StepFn, cache: Any, batch: int, max_len: int, eos_id: int
 
     def body(s: PlainState) -> PlainState:
         rng, key = split_rows(s.rng, 2)
-        logits, cache = step(s.cache, _take(s.seq, s.m[:, None]), s.m)        # [B, 1, V]
-        token = choose(key, adjust(logits[:, 0], sampling), sampling.greedy)   # [B]
-        seq, m, done, emitted = emit(s.seq, s.m, s.done, token[:, None], jnp.ones_like(s.m),
-                                     eos_id, max_len)
+        seq, m, done, emitted, cache = _plain_step(step, s, key, sampling, eos_id, max_len)
         return PlainState(seq, m, done, cache, rng, record_call(s.stats, ~s.done, emitted, 0))
 
     s = jax.lax.while_loop(_running, body, state)
@@ -77,24 +102,27 @@ def plain_decode(step: StepFn, cache: Any, batch: int, max_len: int, eos_id: int
 def speculative_decode(target: StepFn, target_cache: Any, draft, draft_state: Any,
                        batch: int, max_len: int, eos_id: int, gamma: int,
                        sampling: SamplingConfig, rng: Array, lenience: float = 1.0,
-                       verification: str = "token"):
+                       verification: str = "token", costs: Any = None):
     """Algorithm 1 of Leviathan et al. (2023), batched; every row emits >= 1 token a round.
     rng [B]: a PRNG key per row. verification: "token" (`verify`) or "block" (`verify_block`,
     Sun et al. 2025) decides how many drafts a round accepts. draft: a draft (`drafts`: a
-    `ModelDraft` around a draft model's step function, ...) whose `init` made draft_state."""
+    `ModelDraft` around a draft model's step function, ...) whose `init` made draft_state.
+    costs: adaptive gamma -- [c, v] (traced): each round drafts at most `choose_gamma` of
+    the running acceptance rate, and makes a plain target step when that is 0 (the draft
+    then catches up later). Chosen from past rounds only, so still exact."""
     greedy = sampling.greedy
     verify = VERIFIERS[check_verification(verification, lenience)]
     state = SpeculativeState(jnp.zeros((batch, max_len + 2), jnp.int32),
-                             jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), bool), target_cache, draft_state,
-                             rng, init_stats(batch, gamma))
+                             jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), bool),
+                             target_cache, draft_state, rng, init_stats(batch, gamma))
     steps = jnp.arange(gamma + 1)[None, :]                                     # [1, G+1]
 
-    def round_(s: SpeculativeState) -> SpeculativeState:
+    def round_(s: SpeculativeState, limit=None) -> SpeculativeState:
         seq, m = s.seq, s.m
         rng, k_draft, k_verify = split_rows(s.rng, 3)
 
         # 1. Draft up to gamma tokens x_1..x_count, each drawn from its q_i.
-        d = draft.propose(s.draft_state, seq, m, ~s.done, gamma, sampling, k_draft)
+        d = draft.propose(s.draft_state, seq, m, ~s.done, gamma, sampling, k_draft, limit)
         xs, qs = d.xs, d.qs                                                    # [B, G], [B, G, V]
 
         # 2. Verify: one target call over [y_m, x_1..x_gamma] -> p_1..p_{gamma+1}.
@@ -112,5 +140,16 @@ def speculative_decode(target: StepFn, target_cache: Any, draft, draft_state: An
         stats = record_call(s.stats, ~s.done, emitted, d.count, accepted, reached, d.wide_first)
         return SpeculativeState(seq, m, done, tcache, d.state, rng, stats)
 
-    s = jax.lax.while_loop(_running, round_, state)
+    def plain_round(s: SpeculativeState) -> SpeculativeState:
+        rng, key = split_rows(s.rng, 2)
+        seq, m, done, emitted, tcache = _plain_step(target, s, key, sampling, eos_id, max_len)
+        no = jnp.zeros((batch, gamma), bool)
+        stats = record_call(s.stats, ~s.done, emitted, 0, no, no, no[:, 0])
+        return SpeculativeState(seq, m, done, tcache, s.draft_state, rng, stats)
+
+    def adaptive_round(s: SpeculativeState) -> SpeculativeState:
+        g = choose_gamma(running_alpha(s.stats), costs, gamma)
+        return jax.lax.cond(g == 0, plain_round, lambda s: round_(s, g), s)
+
+    s = jax.lax.while_loop(_running, round_ if costs is None else adaptive_round, state)
     return s.seq[:, 1:max_len + 1], s.m, s.stats

@@ -3,7 +3,6 @@ interleaved repetitions so machine noise hits every variant alike."""
 from __future__ import annotations
 
 import functools
-import statistics
 import time
 from typing import Any, Callable, Dict, Tuple
 
@@ -11,59 +10,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from speculative_t5.calibration import interleaved_medians, step_timer, step_times  # noqa: F401
 from speculative_t5.decoding.drafts import ModelDraft
 from speculative_t5.decoding.loops import plain_decode, speculative_decode
 from speculative_t5.decoding.sampling import SamplingConfig, row_keys
 from speculative_t5.generate import generate
-from speculative_t5.model.api import Model, decode, init_cache
-
-
-@functools.partial(jax.jit, static_argnums=(4,), donate_argnums=(1,))
-def _steps(model: Model, cache, tokens, pos, n: int):
-    """n decoder steps inside one program, each fed the argmax of the last (a data
-    dependency, as in decoding), so a step costs what it costs inside a decode loop:
-    no Python dispatch per step (which, for a small draft, can exceed the step itself)."""
-    def body(_, carry):
-        cache, toks = carry
-        logits, cache = decode(model, cache, toks, pos)                        # [B, K, V]
-        return cache, jnp.argmax(logits, -1).astype(jnp.int32)                 # [B, K]
-    return jax.lax.fori_loop(0, n, body, (cache, tokens))
-
-
-def _block(x):
-    jax.tree_util.tree_map(lambda a: a.block_until_ready() if hasattr(a, "block_until_ready") else a, x)
-    return x
-
-
-def interleaved_medians(fns: Dict[str, Callable[[], Any]], rounds: int, warmup: int = 1) -> Dict[str, float]:
-    """Median seconds per call of each fn, timing them in turn within every round."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            _block(fn())
-    times = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            _block(fn())
-            times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
-
-
-def step_timer(model: Model, batch: int, K: int, input_len: int = 32, max_len: int = 64,
-               pos: int = 16, steps: int = 16, seed: int = 0) -> Callable[[], Any]:
-    """A no-argument function running `steps` decoder steps over K tokens in one jitted
-    loop (cache donated); divide its time by `steps` (as `step_times` does)."""
-    rng = np.random.RandomState(seed)
-    c = model.config
-    x = jnp.asarray(rng.randint(2, c.vocab_size, (batch, input_len)), jnp.int32)
-    tokens = jnp.asarray(rng.randint(2, c.vocab_size, (batch, K)), jnp.int32)
-    positions = jnp.full((batch,), pos, jnp.int32)
-    state = {"cache": init_cache(model, x, max_len)}
-
-    def run():
-        state["cache"], out = _steps(model, state["cache"], tokens, positions, steps)
-        return out
-    return run
+from speculative_t5.model.api import Model, init_cache
 
 
 def setup_timer(model: Model, width: int, cache_len: int, seed: int = 0) -> Callable[[], Any]:
@@ -73,16 +25,6 @@ def setup_timer(model: Model, width: int, cache_len: int, seed: int = 0) -> Call
     x = jnp.asarray(np.random.RandomState(seed).randint(2, model.config.vocab_size, (1, width)),
                     jnp.int32)
     return lambda: init_cache(model, x, cache_len)
-
-
-def step_times(specs: Dict[str, Tuple[Model, int]], batch: int = 1, input_len: int = 32,
-               max_len: int = 64, pos: int = 16, rounds: int = 20, steps: int = 16,
-               warmup: int = 2) -> Dict[str, float]:
-    """Median seconds per decoder step of each {name: (model, K tokens)}, as a compiled
-    decode loop pays it, the variants timed in turn (c and v are ratios of these)."""
-    timers = {name: step_timer(m, batch, K, input_len, max_len, pos, steps)
-              for name, (m, K) in specs.items()}
-    return {k: t / steps for k, t in interleaved_medians(timers, rounds, warmup).items()}
 
 
 @functools.partial(jax.jit, static_argnames=("gamma", "max_len", "top_k", "top_p"))

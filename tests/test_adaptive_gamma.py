@@ -1,0 +1,100 @@
+"""Adaptive gamma (`adaptive_gamma=`): each round drafts the count eq. (5) prefers for the
+batch's running acceptance rate, 0 meaning a plain target step.
+
+Exact by enumeration at T = 1 (token-wise and block, rounds of 0, 1 and gamma drafts in one
+decode); greedy identical to plain with a model draft and with a fallback whose model
+catches up after plain rounds; with free speculation it is the fixed-gamma decode, key for
+key; with prohibitive costs it is a plain decode; eq. (5)'s choice checked by hand."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import speculative_t5 as st
+import test_drafts as td
+import test_exactness as tx
+import test_generate as tg
+from speculative_t5.decoding.loops import choose_gamma, running_alpha
+
+# c, v that give, on the V=8 pair at this seed, rounds of 0, 1 and 3 drafts in one decode
+MIXED = {"token": (0.3, 1.2), "block": (0.35, 1.2)}
+
+
+def test_choose_gamma_follows_eq_5():
+    def pick(alpha, c, v, gamma=4):
+        return int(choose_gamma(jnp.float32(alpha), jnp.asarray([c, v], jnp.float32), gamma))
+    # eq. (5) by hand: alpha 0.8, c 0.05, v 1: g=4 gives (1-.8^5)/(.2 (.2+1)) = 2.79, the best
+    assert pick(0.8, 0.05, 1.0) == 4
+    # alpha 0.6, c 0.3, v 1.2: g=1 1.6/1.5=1.067, g=2 1.96/1.8=1.089, g=3 2.18/2.1=1.036
+    assert pick(0.6, 0.3, 1.2) == 2
+    assert pick(0.3, 0.1, 2.0) == 0          # speculation cannot pay for a 2x verify pass
+    assert pick(0.99, 0.0, 1.0, gamma=7) == 7
+    stats = {"accepted_at": jnp.asarray([[3, 1]]), "reached_at": jnp.asarray([[4, 3]])}
+    assert float(running_alpha(stats)) == pytest.approx(5 / 8)
+
+
+@pytest.mark.parametrize("verification", ["token", "block"])
+def test_adaptive_gamma_sampling_is_exact(monkeypatch, verification):
+    target, draft = st.init_model(tx._cfg(), seed=0), st.init_model(tx._cfg(), seed=1)
+    out, (pvalue, cells) = td._sample_long(target, draft, tx.INPUT, 4, monkeypatch, gamma=3,
+                                           adaptive_gamma=MIXED[verification],
+                                           verification=verification)
+    hist = out.stats["drafts_per_round_hist"].sum(0)                           # [G+1]
+    assert (hist[[0, 1, 3]] > 0.05 * hist.sum()).all(), hist
+    assert cells >= 20 and pvalue > 1e-3, (verification, pvalue, cells)
+    tg._check_stats(out, 3, fixed_model_draft=False)
+    assert out.stats["adaptive_costs"] == dict(zip("cv", MIXED[verification]))
+
+
+def test_free_speculation_is_the_fixed_gamma_decode():
+    """c = 0, v = 1: every round drafts gamma, consuming the same keys as the fixed-gamma
+    loop, so a T = 1 decode is identical token for token and count for count."""
+    target, draft = st.init_model(tx._cfg(), seed=0), st.init_model(tx._cfg(), seed=1)
+    ids = np.repeat(tx.INPUT, 64, 0)
+    kw = dict(draft=draft, gamma=3, max_decode_len=12, temperature=1.0, rng=jax.random.PRNGKey(3))
+    fixed, adaptive = st.generate(target, ids, **kw), st.generate(target, ids, adaptive_gamma=(0.0, 1.0), **kw)
+    np.testing.assert_array_equal(adaptive.tokens, fixed.tokens)
+    for k in ("target_calls", "draft_calls", "tokens_per_call_hist", "accepted_at"):
+        np.testing.assert_array_equal(adaptive.stats[k], fixed.stats[k])
+
+
+@pytest.mark.parametrize("gamma", [3, 7])
+def test_adaptive_greedy_equals_plain(td_greedy_case, gamma):
+    target, inputs, plain, _ = td_greedy_case
+    draft = st.Model(target.config, jax.tree_util.tree_map(
+        lambda x: x + 0.02 * jax.random.normal(jax.random.PRNGKey(1), x.shape), target.params))
+    runs = {"mixed": dict(draft=draft, adaptive_gamma=(0.2, 1.4)),
+            "prohibitive": dict(draft=draft, adaptive_gamma=(0.0, 100.0)),
+            "fallback, draft_stop, block": dict(
+                draft=st.drafts.Fallback(st.drafts.PromptLookup(2, 2), draft), draft_stop=0.1,
+                adaptive_gamma=(0.2, 1.4), verification="block")}
+    for name, kw in runs.items():
+        out = st.generate(target, inputs, gamma=gamma, max_decode_len=td.MAX_LEN, **kw)
+        np.testing.assert_array_equal(out.tokens, plain.tokens, err_msg=name)
+        np.testing.assert_array_equal(out.lengths, plain.lengths, err_msg=name)
+        tg._check_stats(out, gamma, fixed_model_draft=False)
+        hist = out.stats["drafts_per_round_hist"].sum(0)
+        if name == "prohibitive":  # every round a plain step: no draft ever runs
+            assert hist[0] == hist.sum() and out.stats["draft_calls"].sum() == 0
+        else:                      # plain rounds and drafting rounds
+            assert hist[0] > 0 and hist[1:].sum() > 0, (name, hist)
+
+
+@pytest.fixture(scope="module")
+def td_greedy_case():
+    return td.make_greedy_case()
+
+
+def test_measured_costs_and_errors():
+    target, draft = st.init_model(tx._cfg(), seed=0), st.init_model(tx._cfg(), seed=1)
+    costs = st.gamma_costs(target, [draft], batch=4, gamma=3, input_len=5, max_len=8)
+    assert costs.c > 0.2 and costs.v > 0.2      # same-sized models: c near 1
+    assert st.gamma_costs(target, [draft], batch=4, gamma=3, input_len=5, max_len=8) is costs
+    out = st.generate(target, np.repeat(tx.INPUT, 4, 0), draft=draft, gamma=3, max_decode_len=4,
+                      adaptive_gamma=True)
+    assert out.stats["adaptive_costs"]["v"] > 0
+    for bad in ("yes", (1.0,), (-1.0, 1.0), 2):
+        with pytest.raises(ValueError, match="adaptive_gamma must be"):
+            st.generate(target, tx.INPUT, draft=draft, adaptive_gamma=bad)
+    with pytest.raises(ValueError, match="adaptive_gamma needs a draft"):
+        st.generate(target, tx.INPUT, adaptive_gamma=True)
