@@ -4,6 +4,7 @@ Layers, each importing only from those listed before it:
   model, decoding, data      the T5 family; the model-free decode loops; inputs and tasks
   partitioning               the ('data', 'model') mesh and T5X's logical axis rules
   checkpoints                Hugging Face, T5X and native I/O (and the shipped demo pair)
+  calibration                model steps timed where the decode runs (adaptive gamma's c, v)
   generate                   builds step functions from models and runs the loops
   measure                    alpha, the paper's analysis, timing, the cost model
   training                   train / distill

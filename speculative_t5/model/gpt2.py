@@ -1,0 +1,305 @@
+"""Flax (linen) GPT-2 with the same static, overwrite-only KV cache as the T5 decoder.
+
+Learned absolute positions, pre-LayerNorm blocks, GELU (tanh), the output layer tied to the
+token embedding. Like `t5.py` it knows nothing of decoding:
+  * `__call__`      teacher-forced logits [B, T, V] (causal);
+  * `decode_step`   K >= 1 new tokens per row at per-row positions pos [B]: their keys and
+                    values are written into the cache at pos..pos+K-1 (overwrite, never
+                    add), each query sees keys at absolute positions <= its own, and the
+                    position embedding is wpe[pos + j]. A prompt is prefilled by one call
+                    with K = its (padded) width; positions past a row's prompt hold pad
+                    tokens until the row's own tokens overwrite them.
+
+Parameter names follow Hugging Face's GPT-2 (`h_0/attn_c_attn/kernel` for
+`h.0.attn.c_attn.weight`, whose Conv1D layout [in, out] is already a Flax kernel's), and
+every parameter carries logical axis names (`vocab`, `embed`, `joined_kv`, `mlp`) so the
+tree shards like T5's on a mesh.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, List, Mapping, Tuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+NEG_INF = -1e10
+
+# (n_embd, n_layer, n_head) of the public checkpoints; n_positions 1024, vocab 50257
+_PRESETS = {"gpt2": (768, 12, 12), "gpt2-medium": (1024, 24, 16), "gpt2-large": (1280, 36, 20),
+            "gpt2-xl": (1600, 48, 25), "distilgpt2": (768, 6, 12)}
+LIMITS = {"vocab_size": 1 << 21, "n_positions": 1 << 20, "n_embd": 1 << 16, "n_layer": 256,
+          "n_head": 1024}
+
+
+@dataclasses.dataclass(frozen=True)
+class GPT2Config:
+    """Shape and numerics of one GPT-2 (hashable: a static jit argument). GPT-2 has no pad
+    token; pad_id only fills right-padded prompts, which their lengths mask."""
+    vocab_size: int = 50257
+    n_positions: int = 1024
+    n_embd: int = 768
+    n_layer: int = 12
+    n_head: int = 12
+    layer_norm_epsilon: float = 1e-5
+    eos_id: int = 50256
+    pad_id: int = 50256
+    dtype: str = "float32"          # activations
+    param_dtype: str = "float32"
+
+    def __post_init__(self):
+        for name, most in LIMITS.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+                raise ValueError(f"GPT2Config.{name} must be an int in [1, {most}], got {value!r}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"GPT2Config n_embd {self.n_embd} is not a multiple of n_head "
+                             f"{self.n_head}")
+        for name in ("eos_id", "pad_id"):
+            if not 0 <= getattr(self, name) < self.vocab_size:
+                raise ValueError(f"GPT2Config.{name} {getattr(self, name)} is outside the "
+                                 f"vocabulary [0, {self.vocab_size})")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def jnp_dtype(self):
+        return jnp.dtype(self.dtype)
+
+    @property
+    def jnp_param_dtype(self):
+        return jnp.dtype(self.param_dtype)
+
+    def replace(self, **changes: Any) -> "GPT2Config":
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> "GPT2Config":
+        if name not in _PRESETS:
+            raise ValueError(f"unknown GPT-2 preset {name!r}; known: {sorted(_PRESETS)}")
+        n_embd, n_layer, n_head = _PRESETS[name]
+        return cls(n_embd=n_embd, n_layer=n_layer, n_head=n_head, **overrides)
+
+    @classmethod
+    def from_hf_config(cls, hf: Mapping[str, Any], **overrides: Any) -> "GPT2Config":
+        """From a transformers `config.json` (model_type gpt2); a missing or mistyped field
+        is a ValueError naming it."""
+        if hf.get("model_type", "gpt2") != "gpt2":
+            raise ValueError(f"config.json model_type is {hf.get('model_type')!r}, not 'gpt2'")
+        fields = {}
+        for ours, theirs in (("vocab_size", "vocab_size"), ("n_positions", "n_positions"),
+                             ("n_embd", "n_embd"), ("n_layer", "n_layer"), ("n_head", "n_head")):
+            value = hf.get(theirs)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"config.json field {theirs!r} must be one int, got {value!r}")
+            fields[ours] = value
+        act = hf.get("activation_function", "gelu_new")
+        if act not in ("gelu_new", "gelu_pytorch_tanh"):
+            raise ValueError(f"config.json activation_function {act!r}: only GPT-2's tanh GELU "
+                             "('gelu_new') is implemented")
+        eos = hf.get("eos_token_id", 50256)
+        eos = eos if isinstance(eos, int) and 0 <= eos < fields["vocab_size"] else fields["vocab_size"] - 1
+        fields.update(layer_norm_epsilon=float(hf.get("layer_norm_epsilon", 1e-5)), eos_id=eos,
+                      pad_id=eos)
+        fields.update(overrides)
+        return cls(**fields)
+
+    def to_hf_config(self) -> dict:
+        return {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
+                "vocab_size": self.vocab_size, "n_positions": self.n_positions,
+                "n_ctx": self.n_positions, "n_embd": self.n_embd, "n_layer": self.n_layer,
+                "n_head": self.n_head, "n_inner": None, "activation_function": "gelu_new",
+                "layer_norm_epsilon": self.layer_norm_epsilon, "bos_token_id": self.eos_id,
+                "eos_token_id": self.eos_id, "tie_word_embeddings": True}
+
+
+def preset_names() -> Tuple[str, ...]:
+    return tuple(sorted(_PRESETS))
+
+
+def _param(module: nn.Module, name: str, init, shape, axes: Tuple[str, ...], dtype):
+    return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
+
+
+class Linear(nn.Module):
+    """y = x @ kernel + bias, kernel [in, out] (HF's Conv1D layout)."""
+    features: int
+    axes: Tuple[str, str]
+    config: GPT2Config
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        c = self.config
+        kernel = _param(self, "kernel", nn.initializers.normal(0.02), (x.shape[-1], self.features),
+                        self.axes, c.jnp_param_dtype)
+        bias = _param(self, "bias", nn.initializers.zeros, (self.features,), self.axes[1:],
+                      c.jnp_param_dtype)
+        y = jnp.einsum("...i,io->...o", x.astype(c.jnp_dtype), kernel.astype(c.jnp_dtype))
+        return y + bias.astype(c.jnp_dtype)
+
+
+class LayerNorm(nn.Module):
+    config: GPT2Config
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        c = self.config
+        scale = _param(self, "scale", nn.initializers.ones, (x.shape[-1],), ("embed",),
+                       c.jnp_param_dtype)
+        bias = _param(self, "bias", nn.initializers.zeros, (x.shape[-1],), ("embed",),
+                      c.jnp_param_dtype)
+        x32 = x.astype(jnp.float32)
+        mean = jnp.mean(x32, -1, keepdims=True)
+        var = jnp.mean(jnp.square(x32 - mean), -1, keepdims=True)
+        y = (x32 - mean) * jax.lax.rsqrt(var + c.layer_norm_epsilon)
+        return (y * scale.astype(jnp.float32) + bias.astype(jnp.float32)).astype(c.jnp_dtype)
+
+
+class Block(nn.Module):
+    config: GPT2Config
+
+    @nn.compact
+    def __call__(self, x: Array, bias: Array, write) -> Tuple[Array, Array, Array]:
+        """x [B, K, E]; write(k, v) [B, K, H, D] -> the keys and values attention reads
+        ([B, L, H, D]: the cache after writing, or k, v themselves); bias [B, 1, K, L]."""
+        c = self.config
+        B, K = x.shape[:2]
+        h = LayerNorm(c, name="ln_1")(x)
+        qkv = Linear(3 * c.n_embd, ("embed", "joined_kv"), c, name="attn_c_attn")(h)
+        q, k, v = (t.reshape(B, K, c.n_head, c.head_dim) for t in jnp.split(qkv, 3, -1))
+        k, v = write(k, v)                                                     # [B, L, H, D]
+        scores = jnp.einsum("bkhd,blhd->bhkl", q, k, preferred_element_type=jnp.float32)
+        scores = scores / jnp.sqrt(jnp.float32(c.head_dim)) + bias             # [B, H, K, L]
+        y = jnp.einsum("bhkl,blhd->bkhd", jax.nn.softmax(scores, -1).astype(c.jnp_dtype), v)
+        x = x + Linear(c.n_embd, ("joined_kv", "embed"), c, name="attn_c_proj")(
+            y.reshape(B, K, c.n_embd))
+        h = LayerNorm(c, name="ln_2")(x)
+        h = Linear(4 * c.n_embd, ("embed", "mlp"), c, name="mlp_c_fc")(h)
+        h = Linear(c.n_embd, ("mlp", "embed"), c, name="mlp_c_proj")(
+            jax.nn.gelu(h, approximate=True))
+        return x + h, k, v
+
+
+class GPT2(nn.Module):
+    config: GPT2Config
+
+    def setup(self):
+        c = self.config
+        self.wte = self.param("wte", nn.with_logical_partitioning(
+            nn.initializers.normal(0.02), ("vocab", "embed")), (c.vocab_size, c.n_embd),
+            c.jnp_param_dtype)
+        self.wpe = self.param("wpe", nn.with_logical_partitioning(
+            nn.initializers.normal(0.01), (None, "embed")), (c.n_positions, c.n_embd),
+            c.jnp_param_dtype)
+        self.blocks = [Block(c, name=f"h_{i}") for i in range(c.n_layer)]
+        self.ln_f = LayerNorm(c)
+
+    def _run(self, tokens: Array, positions: Array, bias: Array, writes) -> Tuple[Array, List]:
+        c = self.config
+        x = (jnp.take(self.wte, tokens, axis=0) + jnp.take(self.wpe, positions, axis=0)
+             ).astype(c.jnp_dtype)                                             # [B, K, E]
+        kvs = []
+        for block, write in zip(self.blocks, writes):
+            x, k, v = block(x, bias, write)
+            kvs.append((k, v))
+        x = self.ln_f(x)
+        logits = jnp.einsum("bke,ve->bkv", x, self.wte.astype(c.jnp_dtype),
+                            preferred_element_type=jnp.float32)
+        return logits, kvs
+
+    def __call__(self, tokens: Array) -> Array:
+        """Teacher-forced logits float32 [B, T, V] for tokens [B, T] (causal)."""
+        T = tokens.shape[1]
+        pos = jnp.arange(T)
+        bias = jnp.where(pos[None, :] <= pos[:, None], 0.0, NEG_INF)[None, None]  # [1, 1, T, T]
+        logits, _ = self._run(tokens, jnp.broadcast_to(pos, tokens.shape), bias,
+                              [lambda k, v: (k, v)] * self.config.n_layer)
+        return logits
+
+    def decode_step(self, cache: List[Dict[str, Array]], tokens: Array, pos: Array):
+        """tokens [B, K] at positions pos[b] + 0..K-1 -> (logits float32 [B, K, V], cache).
+        cache: per layer {'k', 'v'} [B, L, H, D]; writes past L are dropped."""
+        B, K = tokens.shape
+        L = cache[0]["k"].shape[1]
+        q_pos = pos[:, None] + jnp.arange(K)[None, :]                          # [B, K]
+        bias = jnp.where(jnp.arange(L)[None, None, :] <= q_pos[:, :, None], 0.0, NEG_INF)
+        rows = jnp.arange(B)[:, None]
+
+        def writer(layer):
+            def write(k, v):
+                return (layer["k"].at[rows, q_pos].set(k.astype(layer["k"].dtype), mode="drop"),
+                        layer["v"].at[rows, q_pos].set(v.astype(layer["v"].dtype), mode="drop"))
+            return write
+        positions = jnp.minimum(q_pos, self.config.n_positions - 1)
+        logits, kvs = self._run(tokens, positions, bias[:, None], [writer(layer) for layer in cache])
+        return logits, [{"k": k, "v": v} for k, v in kvs]
+
+
+def init_params(config: GPT2Config, seed: int = 0):
+    """Random parameters (GPT-2's initializers), plain arrays."""
+    tokens = jnp.zeros((1, 2), jnp.int32)
+    return nn.unbox(jax.jit(lambda r: GPT2(config).init(r, tokens)["params"])(
+        jax.random.PRNGKey(seed)))
+
+
+def param_axes(config: GPT2Config):
+    """The parameter tree with a PartitionSpec of logical axis names per leaf."""
+    tokens = jnp.zeros((1, 2), jnp.int32)
+    return nn.get_partition_spec(jax.eval_shape(
+        lambda: GPT2(config).init(jax.random.PRNGKey(0), tokens))["params"])
+
+
+def forward(config: GPT2Config, params, tokens: Array) -> Array:
+    """Teacher-forced logits float32 [B, T, V]."""
+    return GPT2(config).apply({"params": params}, jnp.asarray(tokens, jnp.int32))
+
+
+def init_cache(config: GPT2Config, batch: int, length: int) -> List[Dict[str, Array]]:
+    """An empty cache: per layer keys and values [B, length, H, D] in the activation dtype."""
+    shape = (batch, length, config.n_head, config.head_dim)
+    return [{"k": jnp.zeros(shape, config.jnp_dtype), "v": jnp.zeros(shape, config.jnp_dtype)}
+            for _ in range(config.n_layer)]
+
+
+def decode(config: GPT2Config, params, cache, tokens: Array, pos: Array):
+    """The step protocol: logits [B, K, V], cache = decode(..., cache, tokens [B, K], pos [B])."""
+    return GPT2(config).apply({"params": params}, cache, tokens, pos, method=GPT2.decode_step)
+
+
+HF_NAMES = {"ln_1": "ln_1", "ln_2": "ln_2", "attn_c_attn": "attn.c_attn",
+            "attn_c_proj": "attn.c_proj", "mlp_c_fc": "mlp.c_fc", "mlp_c_proj": "mlp.c_proj"}
+
+
+def params_from_hf(tensors: Mapping[str, Any], config: GPT2Config):
+    """Our parameter tree from a Hugging Face GPT-2 state dict (numpy arrays; with or
+    without the 'transformer.' prefix; lm_head tied, so ignored). A missing tensor or a
+    wrong shape is a ValueError naming it."""
+    def get(name, shape):
+        for key in (f"transformer.{name}", name):
+            if key in tensors:
+                x = tensors[key]
+                if tuple(x.shape) != tuple(shape):
+                    raise ValueError(f"{key}: shape {tuple(x.shape)}, expected {tuple(shape)}")
+                return jnp.asarray(x, config.jnp_param_dtype)
+        raise ValueError(f"GPT-2 state dict is missing {name!r}")
+    E, V, P = config.n_embd, config.vocab_size, config.n_positions
+    widths = {"ln_1": None, "ln_2": None, "attn_c_attn": 3 * E, "attn_c_proj": E,
+              "mlp_c_fc": 4 * E, "mlp_c_proj": E}
+    params = {"wte": get("wte.weight", (V, E)), "wpe": get("wpe.weight", (P, E)),
+              "ln_f": {"scale": get("ln_f.weight", (E,)), "bias": get("ln_f.bias", (E,))}}
+    for i in range(config.n_layer):
+        block = {}
+        for ours, theirs in HF_NAMES.items():
+            base = f"h.{i}.{theirs}"
+            if widths[ours] is None:
+                block[ours] = {"scale": get(f"{base}.weight", (E,)), "bias": get(f"{base}.bias", (E,))}
+            else:
+                fan_in = 4 * E if ours == "mlp_c_proj" else E
+                block[ours] = {"kernel": get(f"{base}.weight", (fan_in, widths[ours])),
+                               "bias": get(f"{base}.bias", (widths[ours],))}
+        params[f"h_{i}"] = block
+    return params
