@@ -11,7 +11,7 @@ Layers, each importing only from those listed before it:
   experiments                the paper drivers, the demo, plots, run directories
   commands                   the `speculative-t5` command line
 """
-from speculative_t5.model import (Model, T5Config, cast_params, decode, encode, forward,
+from speculative_t5.model import (GPT2Config, Model, T5Config, cast_params, decode, encode, forward,
                                   init_cache, init_model, param_axes, param_shapes, preset_names)
 
 __version__ = "0.1.0"
@@ -19,7 +19,7 @@ from speculative_t5.checkpoints import (CheckpointError, detect_format, export_h
                                         load_checkpoint, save_checkpoint)
 from speculative_t5.checkpoints.demo import load_demo
 from speculative_t5.decoding import GenerateOutput, SamplingConfig, drafts
-from speculative_t5.calibration import GammaCosts, gamma_costs
-from speculative_t5.generate import generate
+from speculative_t5.calibration import GammaCosts
+from speculative_t5.generate import gamma_costs, generate
 from speculative_t5.partitioning import Partitioner
 from speculative_t5 import data

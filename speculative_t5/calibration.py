@@ -1,6 +1,6 @@
-"""Timing the models' steps where the decode runs, for the choices a decode makes from costs:
-`gamma_costs` gives adaptive gamma its c and v (eq. 5) at the decode's own batch size and
-input width. The step timers here are the measuring core's too (`measure.timing`, costs).
+"""Timing the models' steps where the decode runs, for the choices a decode makes from costs
+(adaptive gamma's c and v, `generate.gamma_costs`). The step timers here are the measuring
+core's too (`measure.timing`, costs).
 
 A step is timed inside one compiled loop of steps, as a decode loop pays it (no Python
 dispatch per step); variants are timed in turn, medians taken, so noise hits all alike."""
@@ -9,13 +9,13 @@ from __future__ import annotations
 import functools
 import statistics
 import time
-from typing import Any, Callable, Dict, NamedTuple, Sequence, Tuple
+from typing import Any, Callable, Dict, NamedTuple, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative_t5.model.api import Model, decode, init_cache
+from speculative_t5.model.api import Model, decode, init_cache, prefill_cache
 
 
 @functools.partial(jax.jit, static_argnums=(4,), donate_argnums=(1,))
@@ -58,7 +58,8 @@ def step_timer(model: Model, batch: int, K: int, input_len: int = 32, max_len: i
     x = jnp.asarray(rng.randint(2, c.vocab_size, (batch, input_len)), jnp.int32)
     tokens = jnp.asarray(rng.randint(2, c.vocab_size, (batch, K)), jnp.int32)
     positions = jnp.full((batch,), pos, jnp.int32)
-    state = {"cache": init_cache(model, x, max_len)}
+    state = {"cache": prefill_cache(model, x, jnp.full((batch,), input_len), max_len)
+             if model.decoder_only else init_cache(model, x, max_len)}
 
     def run():
         state["cache"], out = _steps(model, state["cache"], tokens, positions, steps)
@@ -77,25 +78,8 @@ def step_times(specs: Dict[str, Tuple[Model, int]], batch: int = 1, input_len: i
 
 
 class GammaCosts(NamedTuple):
-    """The paper's cost ratios at one batch size: c = a draft step / a target step (0 for a
-    draft without a model), v = the verify pass over gamma + 1 tokens / a target step."""
+    """The paper's cost ratios as a decode loop pays them, in units of one plain decode
+    iteration (a target step and its sampling): c per draft, v for the rest of a round (the
+    verify pass over gamma + 1 tokens and the accept test)."""
     c: float
     v: float
-
-
-_MEASURED: Dict[Tuple, GammaCosts] = {}
-
-
-def gamma_costs(target: Model, drafts: Sequence[Model], batch: int, gamma: int,
-                input_len: int = 32, max_len: int = 64, rounds: int = 5) -> GammaCosts:
-    """c and v for this target and draft models (summed: a fallback may run each) at this
-    batch size, input width and cache length; measured once per process and setting."""
-    key = (id(target.params), tuple(id(d.params) for d in drafts), batch, gamma, input_len,
-           max_len)
-    if key not in _MEASURED:
-        specs = {"target_1": (target, 1), "verify": (target, gamma + 1),
-                 **{f"draft_{i}": (d, 1) for i, d in enumerate(drafts)}}
-        t = step_times(specs, batch, input_len, max_len, max_len // 2, rounds, steps=8, warmup=1)
-        c = sum(t[f"draft_{i}"] for i in range(len(drafts))) / t["target_1"]
-        _MEASURED[key] = GammaCosts(c, t["verify"] / t["target_1"])
-    return _MEASURED[key]

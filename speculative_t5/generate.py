@@ -6,19 +6,21 @@ This is the layer above both the model and the loops (T5X's split: the model sid
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative_t5.calibration import GammaCosts, gamma_costs
+from speculative_t5.calibration import GammaCosts, interleaved_medians, step_times
 from speculative_t5.decoding.drafts import Fallback, ModelDraft
 from speculative_t5.decoding.loops import plain_decode, speculative_decode
 from speculative_t5.decoding.output import GenerateOutput
 from speculative_t5.decoding.sampling import (SamplingConfig, check_verification, keys_per_row,
                                               row_keys)
-from speculative_t5.model.api import Model, cache_axes, decode, host_memory, init_cache
+from speculative_t5.model import gpt2
+from speculative_t5.model.api import (Model, cache_axes, decode, host_memory, init_cache,
+                                      prefill_cache)
 from speculative_t5.partitioning import Partitioner
 
 
@@ -30,7 +32,7 @@ def step_fn(model: Model):
 @functools.partial(jax.jit, static_argnames=("gamma", "max_decode_len", "top_k", "top_p",
                                              "lenience", "verification", "draft_stop", "adaptive",
                                              "recompute_cross_attention", "partitioner"))
-def _generate(target: Model, draft: Any, input_ids, rng, temperature, *, gamma: int,
+def _generate(target: Model, draft: Any, input_ids, rng, temperature, lengths=None, *, gamma: int,
               max_decode_len: int, top_k: int, top_p: float, lenience: float,
               recompute_cross_attention: bool, partitioner: Optional[Partitioner] = None,
               verification: str = "token", draft_stop: Optional[float] = None,
@@ -39,18 +41,27 @@ def _generate(target: Model, draft: Any, input_ids, rng, temperature, *, gamma: 
     sampled decodes share it (`SamplingConfig.greedy`). rng: [B] keys. With a partitioner the
     caches are sharded by their logical axes (rows over 'data', heads over 'model'); the
     loops' per-row state follows the rows. draft: None (plain decode), a Model, or a
-    draft from `decoding.drafts` (a pytree, its settings static; Models inside a Fallback)."""
+    draft from `decoding.drafts` (a pytree, its settings static; Models inside a Fallback).
+    lengths [B]: a decoder-only target's prompt lengths (input_ids are its prompts); the
+    loops start each row from its last prompt token."""
     sampling = SamplingConfig(temperature, top_k, top_p)
     B = input_ids.shape[0]
     eos = target.config.eos_id
+    if target.decoder_only:
+        start = jnp.take_along_axis(input_ids, (lengths - 1)[:, None], 1)[:, 0]  # [B]
+        mask = jnp.arange(input_ids.shape[1])[None, :] < lengths[:, None]         # [B, S]
+    else:
+        start, mask = None, input_ids != target.config.pad_id
 
     def setup(model: Model, ids, length: int, role: str = "target"):
+        if model.decoder_only:
+            return prefill_cache(model, ids, lengths, length)
         cache = init_cache(model, ids, length, recompute_cross_attention)
         return cache if partitioner is None else partitioner.constrain(
             cache, cache_axes(cache), role)
     if draft is None:
         return plain_decode(step_fn(target), setup(target, input_ids, max_decode_len), B, max_decode_len,
-                            eos, sampling, rng)
+                            eos, sampling, rng, start)
     # The verify pass writes up to position m + gamma <= max_decode_len + gamma - 1.
     length = max_decode_len + gamma + 1
 
@@ -60,10 +71,10 @@ def _generate(target: Model, draft: Any, input_ids, rng, temperature, *, gamma: 
                               draft_stop, catch_up)
         return Fallback(build(d.first, True), build(d.then, True)) if isinstance(d, Fallback) else d
     draft = build(draft, adaptive)  # adaptive: plain rounds leave a model draft behind
-    tcache, dstate = setup(target, input_ids, length), draft.init(input_ids, length)
+    tcache, dstate = setup(target, input_ids, length), draft.init(input_ids, length, mask)
     return speculative_decode(step_fn(target), tcache, draft, dstate, B,
                               max_decode_len, eos, gamma, sampling, rng, lenience, verification,
-                              costs if adaptive else None)
+                              costs if adaptive else None, start)
 
 
 def check_int(name: str, value, lo: int) -> int:
@@ -85,6 +96,9 @@ def check_pair(target: Model, draft: Model) -> None:
         raise TypeError(f"draft must be a speculative_t5.Model or a draft from st.drafts "
                         f"(PromptLookup, Bigram), got {type(draft).__name__}")
     tc, dc = target.config, draft.config
+    if type(dc) is not type(tc):
+        raise ValueError(f"the draft is a {type(dc).__name__} model and the target a "
+                         f"{type(tc).__name__} one: target and draft must be one family")
     if dc.vocab_size != tc.vocab_size:
         raise ValueError(f"draft vocab_size {dc.vocab_size} != target vocab_size "
                          f"{tc.vocab_size}: the two models must share one vocabulary")
@@ -109,6 +123,25 @@ def check_draft(target: Model, draft):
         raise ValueError(f"draft {draft!r} has vocab_size {V} != target vocab_size "
                          f"{target.config.vocab_size}: a draft must share the target's vocabulary")
     return draft
+
+
+def check_prompt_lengths(model: Model, ids: np.ndarray, prompt_lengths,
+                         max_decode_len: int) -> np.ndarray:
+    """A decoder-only model's prompt lengths [B] (default: the full width), each in
+    1..width, and prompt + max_decode_len within the model's positions."""
+    B, S = ids.shape
+    lengths = np.full((B,), S) if prompt_lengths is None else np.asarray(prompt_lengths)
+    if lengths.shape != (B,) or not np.issubdtype(lengths.dtype, np.integer):
+        raise ValueError(f"prompt_lengths must be {B} ints (one per prompt), got "
+                         f"{prompt_lengths!r}")
+    if lengths.min() < 1 or lengths.max() > S:
+        raise ValueError(f"prompt_lengths must be in [1, {S}] (the prompts' width), got "
+                         f"{lengths.tolist()}")
+    most = model.config.n_positions
+    if lengths.max() + max_decode_len > most:
+        raise ValueError(f"a prompt of {int(lengths.max())} tokens + max_decode_len "
+                         f"{max_decode_len} exceeds the model's {most} positions")
+    return lengths
 
 
 def draft_models(draft) -> list:
@@ -149,6 +182,8 @@ def decode_bytes(target: Model, draft: Optional[Model], batch: int, input_len: i
 
     def model_bytes(m: Model) -> int:
         c = m.config
+        if m.decoder_only:
+            return gpt2.cache_bytes(c, batch, input_len + length)
         a = np.dtype(c.jnp_dtype).itemsize
         kv = c.num_decoder_layers * 2 * batch * c.num_heads * c.head_dim * a
         return (kv * (length + input_len) + batch * input_len * (c.emb_dim + c.mlp_dim) * a
@@ -191,8 +226,12 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
              sampling: Optional[SamplingConfig] = None,
              partitioner: Optional[Partitioner] = None,
              verification: str = "token", draft_stop: Optional[float] = None,
-             adaptive_gamma=False) -> GenerateOutput:
+             adaptive_gamma=False, prompt_lengths=None) -> GenerateOutput:
     """Decode `input_ids` (int32 [B, S], 0 = pad) with `model`; with a `draft`, speculatively.
+    A decoder-only model (GPT-2) continues prompts instead: input_ids are right-padded
+    prompts, prompt_lengths [B] their lengths (default: all S; required when rows differ,
+    since GPT-2 has no pad token); each row continues at its own position, and the output
+    tokens are the continuations.
     draft: another Model (same vocabulary, eos and pad ids), a zero-cost draft from
     `st.drafts` (`PromptLookup()`, `Bigram.fit(...)`), `st.drafts.Fallback(first, then)`
     (per row, first's proposal where it has one, else then's), any object with its
@@ -244,11 +283,20 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
     if ids.min() < 0 or ids.max() >= model.config.vocab_size:
         raise ValueError(f"input_ids has token ids in [{ids.min()}, {ids.max()}], outside "
                          f"[0, {model.config.vocab_size})")
+    lengths = None
+    if model.decoder_only:
+        lengths = check_prompt_lengths(model, ids, prompt_lengths, max_decode_len)
+        if recompute_cross_attention or partitioner is not None:
+            raise ValueError("recompute_cross_attention and partitioner are for T5 (a GPT-2 "
+                             "has no cross-attention; partitioned GPT-2 is not built yet)")
+    elif prompt_lengths is not None:
+        raise ValueError("prompt_lengths is for decoder-only models (GPT-2); a T5's inputs "
+                         "are 0-padded")
     if max_input_len is not None:
-        lengths = (ids != model.config.pad_id).sum(1)
-        if ids.shape[1] > max_input_len and lengths.max() > max_input_len:
-            row = int(np.argmax(lengths))
-            raise ValueError(f"input row {row} has {int(lengths[row])} tokens, longer than "
+        lengths_in = (ids != model.config.pad_id).sum(1) if lengths is None else lengths
+        if ids.shape[1] > max_input_len and lengths_in.max() > max_input_len:
+            row = int(np.argmax(lengths_in))
+            raise ValueError(f"input row {row} has {int(lengths_in[row])} tokens, longer than "
                              f"max_input_len {max_input_len}")
     need, have = decode_bytes(model, draft, ids.shape[0], ids.shape[1], max_decode_len, gamma), device_memory()
     if have and need > have:
@@ -260,6 +308,12 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
     keys_per_row(rng, ids.shape[0])  # a bad shape is a clear error now, not in tracing
     rows = ids.shape[0]
     keys = row_keys(rng, rows)                                                 # [B]
+    costs = None
+    if adaptive_gamma is True:  # measured on these very inputs, before they are placed
+        costs = gamma_costs(model, draft, ids, gamma, max_decode_len, sampling, lengths,
+                            partitioner)
+    elif adaptive_gamma is not False:
+        costs = GammaCosts(*map(float, adaptive_gamma))
     ids = jnp.asarray(ids, jnp.int32)
     if partitioner is not None:
         if not isinstance(partitioner, Partitioner):
@@ -275,14 +329,9 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
         keys = jax.device_put(_pad_rows(np.asarray(keys), partitioner.data_size),
                               partitioner.sharding(("batch",)))
     speculative = draft is not None
-    costs = None
-    if adaptive_gamma is True:
-        costs = gamma_costs(model, draft_models(draft), ids.shape[0], gamma, ids.shape[1],
-                            max_decode_len + gamma + 1)
-    elif adaptive_gamma is not False:
-        costs = GammaCosts(*map(float, adaptive_gamma))
     tokens, lengths, stats = _generate(
         model, draft, ids, keys, jnp.float32(sampling.temperature),
+        None if lengths is None else jnp.asarray(lengths, jnp.int32),
         gamma=gamma if speculative else 0, max_decode_len=max_decode_len,
         top_k=sampling.top_k, top_p=sampling.top_p, lenience=float(lenience),
         verification=verification if speculative else "token", draft_stop=draft_stop,
@@ -296,6 +345,48 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
                  lenience=float(lenience), verification=verification if speculative else None,
                  draft_stop=draft_stop, adaptive_costs=None if costs is None else costs._asdict())
     return GenerateOutput(tokens, lengths, stats)
+
+
+_MEASURED: Dict[Tuple, GammaCosts] = {}
+
+
+def gamma_costs(model: Model, draft, input_ids, gamma: int = 4, max_decode_len: int = 64,
+                sampling: SamplingConfig = SamplingConfig(), prompt_lengths=None,
+                partitioner: Optional[Partitioner] = None, rounds: int = 3) -> GammaCosts:
+    """Adaptive gamma's c and v as this decode's loop pays them, measured on these inputs:
+    P = a plain decode's seconds per loop iteration, R = a fixed-gamma speculative decode's
+    seconds per round (each the median of `rounds` runs after a compiling one), c = the
+    draft models' one-token steps (timed in compiled loops; 0 without a draft model) over
+    P, v = R / P - gamma c. So the loop's own work (sampling, the accept test,
+    which grow with the batch) is in v, where bare step times would leave it out. Once per
+    process for each pair, input shape and setting."""
+    ids = np.asarray(input_ids)
+    key = (id(model.params), id(draft.params) if isinstance(draft, Model) else id(draft),
+           ids.shape, gamma, max_decode_len, sampling, partitioner)
+    if key in _MEASURED:
+        return _MEASURED[key]
+    kw = dict(max_decode_len=max_decode_len, sampling=sampling, prompt_lengths=prompt_lengths,
+              partitioner=partitioner)
+    outs = {}
+
+    def run(name, **extra):
+        def go():
+            outs[name] = generate(model, ids, **kw, **extra)
+            return outs[name].tokens
+        return go
+    seconds = interleaved_medians({"plain": run("plain"), "spec": run("spec", draft=draft,
+                                                                     gamma=gamma)}, rounds)
+    per_plain = seconds["plain"] / max(int(outs["plain"].stats["target_calls"].max()), 1)
+    per_round = seconds["spec"] / max(int(outs["spec"].stats["target_calls"].max()), 1)
+    c = 0.0
+    drafts = draft_models(draft)
+    if drafts:
+        B, W, L = ids.shape[0], ids.shape[1], max_decode_len + gamma + 1
+        t = step_times({f"draft_{i}": (d, 1) for i, d in enumerate(drafts)},
+                       B, W, L, L // 2, rounds=5, steps=8, warmup=1)
+        c = sum(t.values()) / per_plain
+    _MEASURED[key] = GammaCosts(c, max(per_round / per_plain - gamma * c, 0.0))
+    return _MEASURED[key]
 
 
 def _to_host(tree):

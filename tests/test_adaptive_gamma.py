@@ -16,7 +16,8 @@ import test_exactness as tx
 import test_generate as tg
 from speculative_t5.decoding.loops import choose_gamma, running_alpha
 
-# c, v that give, on the V=8 pair at this seed, rounds of 0, 1 and 3 drafts in one decode
+# c, v that give, on the V=8 pair at this seed, plain rounds and drafting rounds in one
+# decode (token-wise: 0, 1 and 3 drafts; block: 0 and 2)
 MIXED = {"token": (0.3, 1.2), "block": (0.35, 1.2)}
 
 
@@ -30,7 +31,7 @@ def test_choose_gamma_follows_eq_5():
     assert pick(0.3, 0.1, 2.0) == 0          # speculation cannot pay for a 2x verify pass
     assert pick(0.99, 0.0, 1.0, gamma=7) == 7
     stats = {"accepted_at": jnp.asarray([[3, 1]]), "reached_at": jnp.asarray([[4, 3]])}
-    assert float(running_alpha(stats)) == pytest.approx(5 / 8)
+    assert float(running_alpha(stats)) == pytest.approx(7 / 11)  # prior 3 of 4
 
 
 @pytest.mark.parametrize("verification", ["token", "block"])
@@ -40,7 +41,7 @@ def test_adaptive_gamma_sampling_is_exact(monkeypatch, verification):
                                            adaptive_gamma=MIXED[verification],
                                            verification=verification)
     hist = out.stats["drafts_per_round_hist"].sum(0)                           # [G+1]
-    assert (hist[[0, 1, 3]] > 0.05 * hist.sum()).all(), hist
+    assert hist[0] > 0.05 * hist.sum() and hist[1:].sum() > 0.05 * hist.sum(), hist
     assert cells >= 20 and pvalue > 1e-3, (verification, pvalue, cells)
     tg._check_stats(out, 3, fixed_model_draft=False)
     assert out.stats["adaptive_costs"] == dict(zip("cv", MIXED[verification]))
@@ -87,9 +88,10 @@ def td_greedy_case():
 
 def test_measured_costs_and_errors():
     target, draft = st.init_model(tx._cfg(), seed=0), st.init_model(tx._cfg(), seed=1)
-    costs = st.gamma_costs(target, [draft], batch=4, gamma=3, input_len=5, max_len=8)
-    assert costs.c > 0.2 and costs.v > 0.2      # same-sized models: c near 1
-    assert st.gamma_costs(target, [draft], batch=4, gamma=3, input_len=5, max_len=8) is costs
+    ids = np.repeat(tx.INPUT, 4, 0)
+    costs = st.gamma_costs(target, draft, ids, gamma=3, max_decode_len=6)
+    assert 0 < costs.c < 1.5 and costs.v > 0.2   # same-sized models
+    assert st.gamma_costs(target, draft, ids, gamma=3, max_decode_len=6) is costs  # once
     out = st.generate(target, np.repeat(tx.INPUT, 4, 0), draft=draft, gamma=3, max_decode_len=4,
                       adaptive_gamma=True)
     assert out.stats["adaptive_costs"]["v"] > 0

@@ -1,7 +1,8 @@
 """Drafts: what proposes the gamma tokens of a speculative round, behind one protocol.
 
 A draft is an object with
-    state = init(input_ids [B, S], length)          once per decode (a pytree)
+    state = init(input_ids [B, S], length, mask [B, S])   once per decode (a pytree; mask:
+                                                          the input's real tokens)
     Proposal(xs [B, G], qs [B, G, V], count [B], wide_first [B], state)
           = propose(state, seq [B, N], m [B], active [B], gamma, sampling, keys [B], limit)
 where seq is the loop's token buffer (seq[:, 0] the start token, seq[:, j] = y_j), m [B]
@@ -85,7 +86,7 @@ class ModelDraft(NamedTuple):
     stop: Optional[float] = None
     catch_up: bool = False
 
-    def init(self, input_ids: Array, length: int) -> ModelState:
+    def init(self, input_ids: Array, length: int, mask: Optional[Array] = None) -> ModelState:
         return ModelState(self.cache(input_ids, length),
                           jnp.full((input_ids.shape[0], length), -1, jnp.int32))
 
@@ -194,8 +195,9 @@ class Fallback:
     def tree_unflatten(cls, aux, children):
         return cls(*children)
 
-    def init(self, input_ids: Array, length: int):
-        return self.first.init(input_ids, length), self.then.init(input_ids, length)
+    def init(self, input_ids: Array, length: int, mask: Optional[Array] = None):
+        return (self.first.init(input_ids, length, mask),
+                self.then.init(input_ids, length, mask))
 
     def propose(self, state, seq: Array, m: Array, active: Array, gamma: int,
                 sampling: SamplingConfig, keys: Array, limit=None) -> Proposal:
@@ -247,9 +249,10 @@ class PromptLookup:
     def for_vocab(self, vocab_size: int) -> "PromptLookup":
         return type(self)(self.max_ngram, self.min_ngram, int(vocab_size))
 
-    def init(self, input_ids: Array, length: int):
-        """(input tokens with pads moved to the end [B, S], non-pad count [B])."""
-        is_pad = input_ids == 0
+    def init(self, input_ids: Array, length: int, mask: Optional[Array] = None):
+        """(input tokens with pads moved to the end [B, S], non-pad count [B]); pads are
+        where mask is False (default: token 0, T5's pad)."""
+        is_pad = input_ids == 0 if mask is None else ~mask
         order = jnp.argsort(is_pad, axis=1, stable=True)                       # non-pad first
         return _take(input_ids, order).astype(jnp.int32), jnp.sum(~is_pad, 1).astype(jnp.int32)
 
@@ -377,7 +380,7 @@ class Bigram:
         rows = jnp.arange(prev.shape[0])[:, None]
         return q.at[rows, self.successors[prev]].set(self.probs[prev])
 
-    def init(self, input_ids: Array, length: int):
+    def init(self, input_ids: Array, length: int, mask: Optional[Array] = None):
         return ()
 
     def propose(self, state, seq: Array, m: Array, active: Array, gamma: int,

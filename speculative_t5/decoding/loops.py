@@ -78,16 +78,24 @@ def choose_gamma(alpha: Array, costs: Array, gamma: int) -> Array:
 
 
 def running_alpha(stats: Dict[str, Array]) -> Array:
-    """The batch's acceptance rate so far, accepted / reached drafts, starting from 1 (one
-    pseudo-acceptance): a decode speculates until its own drafts say it does not pay."""
-    return (jnp.sum(stats["accepted_at"]) + 1.0) / (jnp.sum(stats["reached_at"]) + 1.0)
+    """The batch's acceptance rate so far, accepted / reached drafts, after a prior of 3
+    accepted out of 4 (alpha 0.75): a decode speculates until its own drafts say it does
+    not pay, and a short unlucky start does not end it (a plain round adds no evidence)."""
+    return (jnp.sum(stats["accepted_at"]) + 3.0) / (jnp.sum(stats["reached_at"]) + 4.0)
+
+
+def _buffer(batch: int, max_len: int, start) -> Array:
+    """The token buffer [B, max_len + 2]: seq[:, 0] = start ([B]; 0, T5's start token, by
+    default; a decoder-only model's last prompt token), the rest to be emitted."""
+    seq = jnp.zeros((batch, max_len + 2), jnp.int32)
+    return seq if start is None else seq.at[:, 0].set(start.astype(jnp.int32))
 
 
 def plain_decode(step: StepFn, cache: Any, batch: int, max_len: int, eos_id: int,
-                 sampling: SamplingConfig, rng: Array):
+                 sampling: SamplingConfig, rng: Array, start: Any = None):
     """T5X `temperature_sample` semantics: one target call per emitted token. rng [B]: a
-    PRNG key per row."""
-    state = PlainState(jnp.zeros((batch, max_len + 2), jnp.int32), jnp.zeros((batch,), jnp.int32),
+    PRNG key per row; start [B]: each row's first token (see `_buffer`)."""
+    state = PlainState(_buffer(batch, max_len, start), jnp.zeros((batch,), jnp.int32),
                        jnp.zeros((batch,), bool), cache, rng, init_stats(batch, 0))
 
     def body(s: PlainState) -> PlainState:
@@ -102,17 +110,18 @@ def plain_decode(step: StepFn, cache: Any, batch: int, max_len: int, eos_id: int
 def speculative_decode(target: StepFn, target_cache: Any, draft, draft_state: Any,
                        batch: int, max_len: int, eos_id: int, gamma: int,
                        sampling: SamplingConfig, rng: Array, lenience: float = 1.0,
-                       verification: str = "token", costs: Any = None):
+                       verification: str = "token", costs: Any = None, start: Any = None):
     """Algorithm 1 of Leviathan et al. (2023), batched; every row emits >= 1 token a round.
     rng [B]: a PRNG key per row. verification: "token" (`verify`) or "block" (`verify_block`,
     Sun et al. 2025) decides how many drafts a round accepts. draft: a draft (`drafts`: a
     `ModelDraft` around a draft model's step function, ...) whose `init` made draft_state.
     costs: adaptive gamma -- [c, v] (traced): each round drafts at most `choose_gamma` of
     the running acceptance rate, and makes a plain target step when that is 0 (the draft
-    then catches up later). Chosen from past rounds only, so still exact."""
+    then catches up later). Chosen from past rounds only, so still exact. start [B]: each
+    row's first token (see `_buffer`)."""
     greedy = sampling.greedy
     verify = VERIFIERS[check_verification(verification, lenience)]
-    state = SpeculativeState(jnp.zeros((batch, max_len + 2), jnp.int32),
+    state = SpeculativeState(_buffer(batch, max_len, start),
                              jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), bool),
                              target_cache, draft_state, rng, init_stats(batch, gamma))
     steps = jnp.arange(gamma + 1)[None, :]                                     # [1, G+1]

@@ -14,7 +14,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from speculative_t5.model import gpt2
 from speculative_t5.model.config import T5Config
+from speculative_t5.model.gpt2 import GPT2Config
 from speculative_t5.model.t5 import T5
 
 Array = jax.Array
@@ -22,12 +24,19 @@ Array = jax.Array
 
 @struct.dataclass
 class Model:
-    """A T5 config (static) and its parameter tree (T5X names, plain arrays)."""
-    config: T5Config = struct.field(pytree_node=False)
+    """A config (static: a T5Config, or a GPT2Config for a decoder-only GPT-2) and its
+    parameter tree (plain arrays; T5X's names for T5, Hugging Face's for GPT-2)."""
+    config: Any = struct.field(pytree_node=False)
     params: Any
 
     @property
+    def decoder_only(self) -> bool:
+        return isinstance(self.config, GPT2Config)
+
+    @property
     def module(self) -> T5:
+        if self.decoder_only:
+            raise TypeError("a GPT-2 has no encoder-decoder module; use model.gpt2's functions")
         return T5(self.config)
 
     def num_params(self) -> int:
@@ -60,8 +69,11 @@ def _init_params(config: T5Config, rng: Array):
     return nn.unbox(T5(config).init(rng, *_dummy_inputs())["params"])
 
 
-def init_model(config: T5Config, seed: int = 0) -> Model:
-    """Random weights with T5X's initialisers (for tests, timing and training from scratch)."""
+def init_model(config, seed: int = 0) -> Model:
+    """Random weights with T5X's initialisers (GPT-2's for a GPT2Config), for tests, timing
+    and training from scratch."""
+    if isinstance(config, GPT2Config):
+        return Model(config, gpt2.init_params(config, seed))
     return Model(config, _init_params(config, jax.random.PRNGKey(seed)))
 
 
@@ -122,6 +134,13 @@ def init_cache(model: Model, input_ids: Array, max_len: int,
             "cross": cross, "encoded": encoded, "encoder_mask": input_ids != c.pad_id}
 
 
+@functools.partial(jax.jit, static_argnames=("length",))
+def prefill_cache(model: Model, prompts: Array, lengths: Array, length: int):
+    """A GPT-2 decode's cache: the prompts [B, S] (right-padded, lengths [B]) written, room
+    for `length` more positions (`gpt2.prefill`). Jitted; traceable inside another jit."""
+    return gpt2.prefill(model.config, model.params, prompts, lengths, length)
+
+
 def cache_axes(cache: Dict[str, Any]) -> Dict[str, Any]:
     """Logical axis names of every array in an `init_cache` cache (the same tree), so a
     partitioner can shard it: batch rows over 'data', heads over 'model'."""
@@ -138,7 +157,11 @@ def decode(model: Model, cache: Dict[str, Any], tokens: Array, pos: Array):
     """One decoder pass over tokens [B, K] at positions pos[B].. -> (float32 logits [B, K, V], cache).
 
     Keys/values are written by overwrite at pos..pos+K-1; writes at positions >= max_len are
-    dropped (the caller sizes the cache so that never matters). Jitted; traceable inside jit."""
+    dropped (the caller sizes the cache so that never matters). Jitted; traceable inside jit.
+    A GPT-2's cache comes from `prefill_cache`; its positions are relative to each prompt's
+    last token."""
+    if model.decoder_only:
+        return gpt2.step(model.config, model.params, cache, tokens, pos)
     return model.module.apply({"params": model.params}, tokens, pos, cache, method=T5.decode_step)
 
 

@@ -303,3 +303,25 @@ def params_from_hf(tensors: Mapping[str, Any], config: GPT2Config):
                                "bias": get(f"{base}.bias", (widths[ours],))}
         params[f"h_{i}"] = block
     return params
+
+
+def prefill(config: GPT2Config, params, prompts: Array, lengths: Array, length: int):
+    """A decode's cache: every row's prompt (right-padded prompts [B, S], lengths [B] >= 1)
+    but its last token written at positions 0.., room for `length` more positions, and the
+    row's offset (lengths - 1): the decode loop feeds the last prompt token at its position
+    0, which is offset + 0 here (`step` adds it)."""
+    B, S = prompts.shape
+    layers = init_cache(config, B, S + length)
+    if S > 1:  # pads after a shorter prompt are overwritten by the row's own tokens later
+        _, layers = decode(config, params, layers, prompts[:, :S - 1], jnp.zeros((B,), jnp.int32))
+    return {"layers": layers, "offset": (lengths - 1).astype(jnp.int32)}
+
+
+def step(config: GPT2Config, params, cache, tokens: Array, pos: Array):
+    """The loops' step on a `prefill` cache: loop position pos is offset + pos here."""
+    logits, layers = decode(config, params, cache["layers"], tokens, pos + cache["offset"])
+    return logits, dict(cache, layers=layers)
+
+
+def cache_bytes(config: GPT2Config, batch: int, positions: int) -> int:
+    return config.n_layer * 2 * batch * positions * config.n_embd * config.jnp_dtype.itemsize

@@ -1,0 +1,154 @@
+"""GPT-2 through the same loops: prompts of different lengths in one batch, each row
+continuing at its own position.
+
+Greedy continuations equal transformers' GPT2LMHeadModel.generate (the independent
+reference) row by row; speculative decoding with a smaller GPT-2 draft, prompt lookup, a
+fallback, block verification and adaptive gamma gives the plain greedy tokens; T = 1 is
+exact by enumeration; mixing families and bad prompt lengths are clear errors."""
+import itertools
+
+import jax
+import numpy as np
+import pytest
+
+import speculative_t5 as st
+import test_exactness as tx
+import test_generate as tg
+from speculative_t5.decoding.sampling import adjust
+from speculative_t5.model import gpt2
+from helpers import tiny_config
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+CONFIG = st.GPT2Config(vocab_size=61, n_positions=64, n_embd=32, n_layer=3, n_head=4,
+                       eos_id=60, pad_id=60)
+MAX_LEN = 20
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """A GPT-2 target whose greedy output stops inside some rows (EOS = a token it emits),
+    a 1-layer draft, prompts of lengths 3..9 right-padded to 9."""
+    target = st.init_model(CONFIG, seed=0)
+    rng = np.random.RandomState(0)
+    lengths = np.array([3, 9, 5, 1, 7, 4])
+    prompts = rng.randint(0, 60, (6, 9)).astype(np.int32)
+    prompts[np.arange(9)[None, :] >= lengths[:, None]] = CONFIG.pad_id
+    free = st.generate(target, prompts, prompt_lengths=lengths, max_decode_len=MAX_LEN)
+    emitted = np.concatenate([row[3:min(n, MAX_LEN - 3)] for row, n in zip(free.tokens, free.lengths)])
+    values, counts = np.unique(emitted[emitted != CONFIG.eos_id], return_counts=True)
+    target = st.Model(CONFIG.replace(eos_id=int(values[np.argmax(counts)])), target.params)
+    draft = st.Model(target.config.replace(n_layer=1), {
+        k: v for k, v in target.params.items() if k not in ("h_1", "h_2")})
+    return target, draft, prompts, lengths
+
+
+def test_greedy_equals_transformers(pair):
+    target, _, prompts, lengths = pair
+    out = st.generate(target, prompts, prompt_lengths=lengths, max_decode_len=MAX_LEN)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(**{
+        **target.config.to_hf_config(), "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0})).eval()
+    missing, unexpected = hf.load_state_dict(_torch_state(target), strict=False)
+    assert not unexpected and all(".attn.bias" in k or "masked_bias" in k for k in missing)
+    stopped = 0
+    for b in range(len(lengths)):
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor(prompts[b:b + 1, :lengths[b]]), do_sample=False,
+                              max_new_tokens=MAX_LEN, eos_token_id=target.config.eos_id,
+                              pad_token_id=target.config.eos_id)[0, lengths[b]:].tolist()
+        n = int(out.lengths[b])
+        assert out.tokens[b, :n].tolist() == ref[:n], b
+        stopped += n < MAX_LEN
+        assert n == len(ref) or ref[n - 1] == target.config.eos_id
+    assert 1 <= stopped < len(lengths)  # rows that stop at EOS and rows that run to MAX_LEN
+
+
+def _torch_state(model):
+    """Our GPT-2 parameters as transformers' state dict (the inverse of params_from_hf)."""
+    p = model.params
+    state = {"transformer.wte.weight": p["wte"], "transformer.wpe.weight": p["wpe"],
+             "transformer.ln_f.weight": p["ln_f"]["scale"], "transformer.ln_f.bias": p["ln_f"]["bias"],
+             "lm_head.weight": p["wte"]}
+    for i in range(model.config.n_layer):
+        for ours, theirs in gpt2.HF_NAMES.items():
+            leaf = p[f"h_{i}"][ours]
+            for a, b in (("scale", "weight"), ("kernel", "weight"), ("bias", "bias")):
+                if a in leaf:
+                    state[f"transformer.h.{i}.{theirs}.{b}"] = leaf[a]
+    return {k: torch.tensor(np.asarray(v)) for k, v in state.items()}
+
+
+@pytest.mark.parametrize("gamma", [3, 6])
+def test_speculative_greedy_equals_plain(pair, gamma):
+    target, draft, prompts, lengths = pair
+    plain = st.generate(target, prompts, prompt_lengths=lengths, max_decode_len=MAX_LEN)
+    runs = {"model": dict(draft=draft), "block": dict(draft=draft, verification="block"),
+            "lookup": dict(draft=st.drafts.PromptLookup()),
+            "fallback, adaptive": dict(draft=st.drafts.Fallback(st.drafts.PromptLookup(2, 2), draft),
+                                       adaptive_gamma=(0.2, 1.4)),
+            "draft_stop": dict(draft=draft, draft_stop=0.05)}
+    for name, kw in runs.items():
+        out = st.generate(target, prompts, prompt_lengths=lengths, gamma=gamma,
+                          max_decode_len=MAX_LEN, **kw)
+        np.testing.assert_array_equal(out.tokens, plain.tokens, err_msg=name)
+        np.testing.assert_array_equal(out.lengths, plain.lengths, err_msg=name)
+        tg._check_stats(out, gamma, fixed_model_draft=name in ("model", "block"))
+        assert (out.lengths > gamma + 1).sum() >= 3
+        if name == "model":
+            assert out.summary()["acceptance_rate"] > 0.2
+
+
+V, STEPS, N = 8, 3, 120_000
+SMALL = st.GPT2Config(vocab_size=V, n_positions=16, n_embd=16, n_layer=2, n_head=2, eos_id=1,
+                      pad_id=0)
+PROMPT = np.array([[3, 5, 2, 7]], np.int32)
+
+
+def _exact(model):
+    """P(first STEPS continuation tokens) by enumeration of the target's own distributions."""
+    prefixes = list(itertools.product(range(V), repeat=STEPS - 1))
+    seqs = np.array([[*PROMPT[0], *p] for p in prefixes], np.int32)
+    logits = gpt2.forward(model.config, model.params, seqs)[:, PROMPT.shape[1] - 1:]
+    probs = np.asarray(adjust(logits, st.SamplingConfig(1.0)), np.float64)      # [V^2, 3, V]
+    row = {p: i for i, p in enumerate(prefixes)}
+    dist = {}
+    for seq in itertools.product(range(V), repeat=STEPS):
+        prob, out = 1.0, []
+        for t in range(STEPS):
+            ctx = tuple(out) + (0,) * (STEPS - 1 - len(out))
+            prob *= probs[row[ctx[:STEPS - 1]], t, seq[t]]
+            out.append(seq[t])
+            if seq[t] == SMALL.eos_id:
+                break
+        key = tuple(out) + (0,) * (STEPS - len(out))
+        if len(out) == STEPS or all(s == 0 for s in seq[len(out):]):
+            dist[key] = dist.get(key, 0.0) + prob
+    return dist
+
+
+@pytest.mark.parametrize("kind", ["model", "fallback"])
+def test_speculative_sampling_is_exact(kind):
+    target, draft = st.init_model(SMALL, seed=0), st.init_model(SMALL, seed=1)
+    d = draft if kind == "model" else st.drafts.Fallback(st.drafts.PromptLookup(1, 1), draft)
+    out = st.generate(target, np.repeat(PROMPT, N, 0), draft=d, gamma=2, max_decode_len=STEPS,
+                      temperature=1.0, rng=jax.random.PRNGKey(0))
+    assert 0.1 < out.summary()["acceptance_rate"] < 0.95
+    pvalue, cells = tx.chi_square_pvalue(out.tokens, _exact(target))
+    assert cells >= 20 and pvalue > 1e-3, (kind, pvalue, cells)
+
+
+def test_errors(pair):
+    target, draft, prompts, lengths = pair
+    t5 = st.init_model(tiny_config(vocab_size=61), seed=0)
+    with pytest.raises(ValueError, match="one family"):
+        st.generate(target, prompts, prompt_lengths=lengths, draft=st.Model(
+            t5.config.replace(eos_id=target.config.eos_id, pad_id=target.config.pad_id), t5.params))
+    with pytest.raises(ValueError, match=r"prompt_lengths must be in \[1, 9\]"):
+        st.generate(target, prompts, prompt_lengths=[0, 1, 2, 3, 4, 5])
+    with pytest.raises(ValueError, match="prompt_lengths must be 6 ints"):
+        st.generate(target, prompts, prompt_lengths=[3, 4])
+    with pytest.raises(ValueError, match="exceeds the model's 64 positions"):
+        st.generate(target, prompts, prompt_lengths=lengths, max_decode_len=60)
+    with pytest.raises(ValueError, match="prompt_lengths is for decoder-only"):
+        st.generate(t5, prompts, prompt_lengths=lengths)
