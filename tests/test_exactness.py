@@ -38,7 +38,14 @@ def exact_distribution(model, sampling):
     prefixes = list(itertools.product(range(V), repeat=STEPS - 1))
     dec = np.array([[0, *p] for p in prefixes], np.int32)                     # [V^2, 3]
     logits = st.forward(model, np.repeat(INPUT, len(dec), 0), dec)            # [V^2, 3, V]
-    probs = np.asarray(adjust(logits, sampling), np.float64)
+    return enumerate_distribution(np.asarray(adjust(logits, sampling), np.float64), EOS)
+
+
+def enumerate_distribution(probs, eos: int):
+    """{first STEPS tokens (stopped at eos, 0-padded): probability}, from probs [V^(STEPS-1),
+    STEPS, V]: row i holds the next-token distributions along prefix i (the prefixes of
+    STEPS - 1 tokens in itertools.product order)."""
+    prefixes = list(itertools.product(range(V), repeat=STEPS - 1))
     row = {p: i for i, p in enumerate(prefixes)}
     dist = {}
     for seq in itertools.product(range(V), repeat=STEPS):
@@ -47,7 +54,7 @@ def exact_distribution(model, sampling):
             ctx = tuple(out) + (0,) * (STEPS - 1 - len(out))
             prob *= probs[row[ctx[:STEPS - 1]], t, seq[t]]
             out.append(seq[t])
-            if seq[t] == EOS:
+            if seq[t] == eos:
                 break
         key = tuple(out) + (0,) * (STEPS - len(out))
         if len(out) == STEPS or all(s == 0 for s in seq[len(out):]):

@@ -99,7 +99,7 @@ def test_speculative_greedy_equals_plain(pair, gamma):
             assert out.summary()["acceptance_rate"] > 0.2
 
 
-V, STEPS, N = 8, 3, 120_000
+V, STEPS, N = tx.V, tx.STEPS, 120_000
 SMALL = st.GPT2Config(vocab_size=V, n_positions=16, n_embd=16, n_layer=2, n_head=2, eos_id=1,
                       pad_id=0)
 PROMPT = np.array([[3, 5, 2, 7]], np.int32)
@@ -111,20 +111,7 @@ def _exact(model):
     seqs = np.array([[*PROMPT[0], *p] for p in prefixes], np.int32)
     logits = gpt2.forward(model.config, model.params, seqs)[:, PROMPT.shape[1] - 1:]
     probs = np.asarray(adjust(logits, st.SamplingConfig(1.0)), np.float64)      # [V^2, 3, V]
-    row = {p: i for i, p in enumerate(prefixes)}
-    dist = {}
-    for seq in itertools.product(range(V), repeat=STEPS):
-        prob, out = 1.0, []
-        for t in range(STEPS):
-            ctx = tuple(out) + (0,) * (STEPS - 1 - len(out))
-            prob *= probs[row[ctx[:STEPS - 1]], t, seq[t]]
-            out.append(seq[t])
-            if seq[t] == SMALL.eos_id:
-                break
-        key = tuple(out) + (0,) * (STEPS - len(out))
-        if len(out) == STEPS or all(s == 0 for s in seq[len(out):]):
-            dist[key] = dist.get(key, 0.0) + prob
-    return dist
+    return tx.enumerate_distribution(probs, model.config.eos_id)
 
 
 @pytest.mark.parametrize("kind", ["model", "fallback"])

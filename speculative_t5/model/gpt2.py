@@ -24,6 +24,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from speculative_t5.model.t5 import _param
+
 Array = jax.Array
 NEG_INF = -1e10
 
@@ -119,10 +121,6 @@ class GPT2Config:
 
 def preset_names() -> Tuple[str, ...]:
     return tuple(sorted(_PRESETS))
-
-
-def _param(module: nn.Module, name: str, init, shape, axes: Tuple[str, ...], dtype):
-    return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
 
 
 class Linear(nn.Module):
