@@ -9,9 +9,10 @@ INSTALL_REQUIRES = [
     "jax>=0.4.30", "flax>=0.10", "optax", "gin-config", "sentencepiece",
     "orbax-checkpoint", "tensorstore", "safetensors", "msgpack", "ml_dtypes", "numpy",
     "tqdm", "rich", "matplotlib", "scipy",
+    "rouge-score",  # the demo's report scores its summaries (the main command needs it)
 ]
 EXTRAS = {
-    "data": ["seqio", "tensorflow-datasets", "sacrebleu", "rouge-score"],
+    "data": ["seqio", "tensorflow-datasets", "sacrebleu"],
     # torch 2.13.0 has a CPU wheel on these machines; an unpinned torch pulls a CUDA build.
     "test": ["pytest", "torch==2.13.0", "transformers>=4.40"],
 }
