@@ -10,6 +10,7 @@ INSTALL_REQUIRES = [
     "orbax-checkpoint", "tensorstore", "safetensors", "msgpack", "ml_dtypes", "numpy",
     "tqdm", "rich", "matplotlib", "scipy",
     "rouge-score",  # the demo's report scores its summaries (the main command needs it)
+    "tokenizers",   # GPT-2's byte-level BPE (vocab.json + merges.txt)
 ]
 EXTRAS = {
     "data": ["seqio", "tensorflow-datasets", "sacrebleu"],

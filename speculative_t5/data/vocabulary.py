@@ -70,13 +70,19 @@ class Vocabulary:
         return self.sp.DecodeIds(out)
 
 
-def find_vocabulary(vocab: Optional[str], *model_dirs: Optional[str]) -> Vocabulary:
-    """`vocab` if given, else the first SentencePiece model found in the model directories."""
+def find_vocabulary(vocab: Optional[str], *model_dirs: Optional[str]):
+    """`vocab` if given (a SentencePiece model, or a directory with GPT-2's vocab.json +
+    merges.txt), else the first vocabulary found in the model directories: a SentencePiece
+    model (T5) or GPT-2's BPE files (`bpe.BPEVocabulary`)."""
+    from speculative_t5.data.bpe import BPEVocabulary, has_bpe
     if vocab:
-        return Vocabulary(vocab)
+        return BPEVocabulary(vocab) if os.path.isdir(vocab) else Vocabulary(vocab)
     for d in model_dirs:
         for name in VOCAB_FILES:
             if d and os.path.isfile(os.path.join(d, name)):
                 return Vocabulary(os.path.join(d, name))
-    raise FileNotFoundError("no SentencePiece vocabulary: pass --vocab PATH or put "
-                            f"spiece.model in the model directory ({', '.join(filter(None, model_dirs))})")
+        if d and has_bpe(d):
+            return BPEVocabulary(d)
+    raise FileNotFoundError("no vocabulary: pass --vocab PATH or put spiece.model (T5) or "
+                            "vocab.json + merges.txt (GPT-2) in the model directory "
+                            f"({', '.join(filter(None, model_dirs))})")
