@@ -1,6 +1,6 @@
 """`speculative-t5` command line, launched the T5X way.
 
-  speculative-t5 demo [--output_dir D] [--num_examples N] [--gamma G] [--temperature T]
+  speculative-t5 demo [--family t5|gpt2] [--output_dir D] [--num_examples N] [--gamma G] [--temperature T]
   speculative-t5 convert --from PATH --to PATH [--format native|hf] [--dtype bfloat16]
   speculative-t5 decode --target PATH [--draft PATH] (--input_file F --output F.jsonl | --prompt TEXT)
       [--vocab spiece.model] [--gamma 4] [--temperature 0] [--top_k 0] [--top_p 1]
@@ -63,7 +63,9 @@ COMMANDS: Dict[str, Command] = {
         (("--output_dir", {}), ("--num_examples", dict(type=int)), ("--gamma", dict(type=int)),
          ("--temperature", dict(type=float)),
          ("--target", dict(help="target checkpoint instead of the shipped one (with --draft, --vocab)")),
-         ("--draft", {}), ("--vocab", {}))),
+         ("--draft", {}), ("--vocab", {}),
+         ("--family", dict(choices=("t5", "gpt2"), help="t5 (docstrings, the default) or gpt2 "
+                           "(decoder-only: code completion)")))),
     "convert": Command(
         "convert a checkpoint (HF, T5X, native) to native or HF",
         "speculative_t5.commands.convert:convert",
