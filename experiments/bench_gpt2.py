@@ -8,13 +8,13 @@ weights, the same prompts, the same greedy tokens.
 Drafts that agree: a draft with its own random weights never agrees with a random target
 (acceptance ~0, nothing to measure), so each draft is the target's first k blocks with the
 target's embeddings and final LayerNorm (a layer-truncated, early-exit draft). The target
-is `st.init_model(GPT2Config.preset('gpt2'), seed=0)` with GPT-2's residual scaling applied
-(every block's attn_c_proj and mlp_c_proj kernels times 1/sqrt(2 n_layer), the scheme of
-the GPT-2 paper that transformers' GPT2 initialisation applies and `init_model` does not):
-without it later blocks dominate and a truncated draft is almost never accepted
-(`--c_proj_scale 1` measures that). Acceptance, tokens per target call and target calls
-are printed for every decoder; transformers' are counted by a forward hook on its target,
-and at batch > 1 a batched call counts once per row, as ours counts them.
+is `st.init_model(GPT2Config.preset('gpt2'), seed=0)` (GPT-2's initialisation, residual
+projections scaled by 1/sqrt(2 n_layer) as the GPT-2 paper and transformers do; without
+that scaling later blocks dominate and a truncated draft is almost never accepted).
+Acceptance, tokens per target call and target calls are printed for every decoder;
+transformers' are counted by a forward hook on its target, and at batch > 1 a batched call
+counts once per row, as ours counts them. transformers reads each model from the Hugging
+Face directory `st.export_hf` writes.
 
 Prompts: `--num_prompts` rows of random GPT-2 token ids (end-of-text excluded) of lengths
 in [--min_prompt_len, --max_prompt_len]; greedy, up to --max_new_tokens new tokens. Ours
@@ -35,11 +35,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import statistics
-import sys
+import tempfile
 import time
 
 import numpy as np
@@ -55,21 +54,6 @@ import speculative_t5 as st
 from speculative_t5 import GPT2Config
 from speculative_t5.decoding.output import combine
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-from test_gpt2_generate import _torch_state  # noqa: E402  (the tested map onto transformers)
-
-
-def scale_residual_projections(model: st.Model, scale: float) -> st.Model:
-    """The model with every block's attn_c_proj and mlp_c_proj kernels times `scale`."""
-    params = dict(model.params)
-    for i in range(model.config.n_layer):
-        block = dict(params[f"h_{i}"])
-        for name in ("attn_c_proj", "mlp_c_proj"):
-            block[name] = dict(block[name], kernel=block[name]["kernel"] * scale)
-        params[f"h_{i}"] = block
-    return st.Model(model.config, params)
-
-
 def layer_truncated(target: st.Model, k: int) -> st.Model:
     """The target's first k blocks with its embeddings and ln_f: an early-exit draft."""
     kept = {name: v for name, v in target.params.items()
@@ -78,13 +62,12 @@ def layer_truncated(target: st.Model, k: int) -> st.Model:
 
 
 def to_hf(model: st.Model) -> transformers.GPT2LMHeadModel:
-    """transformers' GPT2LMHeadModel holding the same weights (dropout off, float32)."""
-    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(**{
-        **model.config.to_hf_config(), "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}))
-    missing, unexpected = hf.load_state_dict(_torch_state(model), strict=False)
-    if unexpected or not all(".attn.bias" in k or "masked_bias" in k for k in missing):
-        raise RuntimeError(f"state dict mismatch: missing {missing}, unexpected {unexpected}")
-    return hf.eval()
+    """transformers' GPT2LMHeadModel read from the directory st.export_hf writes (dropout
+    off, float32): the same weights through the public export."""
+    with tempfile.TemporaryDirectory() as d:
+        st.export_hf(model, d)
+        return transformers.GPT2LMHeadModel.from_pretrained(
+            d, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0).eval()
 
 
 def until_eos(row: np.ndarray, eos_id: int) -> np.ndarray:
@@ -117,8 +100,6 @@ def main():
     p.add_argument("--max_new_tokens", type=int, default=32)
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--draft_layers", default="6,1", help="comma-separated k: one draft per k")
-    p.add_argument("--c_proj_scale", type=float, default=None,
-                   help="residual projection scale of the target (default 1/sqrt(2 n_layer))")
     p.add_argument("--batch", type=int, default=8, help="the larger batch size")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
@@ -129,8 +110,7 @@ def main():
     n, L, g, B = args.num_prompts, args.max_new_tokens, args.gamma, args.batch
 
     config = GPT2Config.preset("gpt2")
-    scale = 1 / math.sqrt(2 * config.n_layer) if args.c_proj_scale is None else args.c_proj_scale
-    target = scale_residual_projections(st.init_model(config, seed=args.seed), scale)
+    target = st.init_model(config, seed=args.seed)
     drafts = {k: layer_truncated(target, k) for k in map(int, args.draft_layers.split(","))}
     eos = config.eos_id
     prompts, lengths = make_prompts(n, args.min_prompt_len, args.max_prompt_len, eos, args.seed)
@@ -207,8 +187,8 @@ def main():
     ref_key = ("HF plain", 1)
     ref = results[ref_key][0]
     med = {key: statistics.median(v) for key, v in times.items()}
-    print(f"GPT-2-small-shaped random target ({target.num_params() / 1e6:.0f}M, residual "
-          f"projections x{scale:.3f}), layer-truncated drafts "
+    print(f"GPT-2-small-shaped random target ({target.num_params() / 1e6:.0f}M, GPT-2's "
+          f"initialisation), layer-truncated drafts "
           + ", ".join(f"{k}L ({d.num_params() / 1e6:.0f}M)" for k, d in drafts.items())
           + f"; {n} random prompts of {args.min_prompt_len}-{args.max_prompt_len} tokens "
           f"({lengths.mean():.0f} on average), greedy, gamma {g}, up to {L} new tokens; CPU "
@@ -232,7 +212,7 @@ def main():
               f"{f'{n - len(differ)}/{n}':>21}")
     os.makedirs(os.path.dirname(args.output) or ".", exist_ok=True)
     with open(args.output, "w") as f:
-        json.dump(dict(vars(args), c_proj_scale=scale, target_params=target.num_params(),
+        json.dump(dict(vars(args), target_params=target.num_params(),
                        draft_params={k: d.num_params() for k, d in drafts.items()},
                        prompt_lengths=lengths.tolist(), machine=platform.machine(),
                        cores=len(os.sched_getaffinity(0)), transformers=transformers.__version__,

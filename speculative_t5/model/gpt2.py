@@ -18,6 +18,7 @@ tree shards like T5's on a mesh.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import Any, Dict, List, Mapping, Tuple
 
@@ -144,15 +145,18 @@ def preset_names() -> Tuple[str, ...]:
 
 
 class Linear(nn.Module):
-    """y = x @ kernel + bias, kernel [in, out] (HF's Conv1D layout)."""
+    """y = x @ kernel + bias, kernel [in, out] (HF's Conv1D layout). residual: a projection
+    into the residual stream, initialised with std 0.02 / sqrt(2 n_layer) as GPT-2 does."""
     features: int
     axes: Tuple[str, str]
     config: GPT2Config
+    residual: bool = False
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
         c = self.config
-        kernel = _param(self, "kernel", nn.initializers.normal(0.02), (x.shape[-1], self.features),
+        std = 0.02 / math.sqrt(2 * c.n_layer) if self.residual else 0.02
+        kernel = _param(self, "kernel", nn.initializers.normal(std), (x.shape[-1], self.features),
                         self.axes, c.jnp_param_dtype)
         bias = _param(self, "bias", nn.initializers.zeros, (self.features,), self.axes[1:],
                       c.jnp_param_dtype)
@@ -193,11 +197,11 @@ class Block(nn.Module):
         scores = jnp.einsum("bkhd,blhd->bhkl", q, k, preferred_element_type=jnp.float32)
         scores = scores / jnp.sqrt(jnp.float32(c.head_dim)) + bias             # [B, H, K, L]
         y = jnp.einsum("bhkl,blhd->bkhd", jax.nn.softmax(scores, -1).astype(c.jnp_dtype), v)
-        x = x + Linear(c.n_embd, ("joined_kv", "embed"), c, name="attn_c_proj")(
+        x = x + Linear(c.n_embd, ("joined_kv", "embed"), c, residual=True, name="attn_c_proj")(
             y.reshape(B, K, c.n_embd))
         h = LayerNorm(c, name="ln_2")(x)
         h = Linear(4 * c.n_embd, ("embed", "mlp"), c, name="mlp_c_fc")(h)
-        h = Linear(c.n_embd, ("mlp", "embed"), c, name="mlp_c_proj")(
+        h = Linear(c.n_embd, ("mlp", "embed"), c, residual=True, name="mlp_c_proj")(
             jax.nn.gelu(h, approximate=True))
         return x + h, k, v
 
