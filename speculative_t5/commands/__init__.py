@@ -1,8 +1,8 @@
 """`speculative-t5` command line, launched the T5X way.
 
-  speculative-t5 demo [--output_dir D] [--num_examples N] [--gamma G] [--temperature T]
+  speculative-t5 demo [--family t5|gpt2] [--output_dir D] [--num_examples N] [--gamma G] [--temperature T]
   speculative-t5 convert --from PATH --to PATH [--format native|hf] [--dtype bfloat16]
-  speculative-t5 decode --target PATH [--draft PATH] --input_file F --output F.jsonl
+  speculative-t5 decode --target PATH [--draft PATH] (--input_file F --output F.jsonl | --prompt TEXT)
       [--vocab spiece.model] [--gamma 4] [--temperature 0] [--top_k 0] [--top_p 1]
       [--verification token|block] ...
   speculative-t5 train --gin_file=configs/demo_target.gin [--gin.train.steps=100]
@@ -64,7 +64,9 @@ COMMANDS: Dict[str, Command] = {
         (("--output_dir", {}), ("--num_examples", dict(type=int)), ("--gamma", dict(type=int)),
          ("--temperature", dict(type=float)),
          ("--target", dict(help="target checkpoint instead of the shipped one (with --draft, --vocab)")),
-         ("--draft", {}), ("--vocab", {}))),
+         ("--draft", {}), ("--vocab", {}),
+         ("--family", dict(choices=("t5", "gpt2"), help="t5 (docstrings, the default) or gpt2 "
+                           "(decoder-only: code completion)")))),
     "convert": Command(
         "convert a checkpoint (HF, T5X, native) to native or HF",
         "speculative_t5.commands.convert:convert",
@@ -82,12 +84,17 @@ COMMANDS: Dict[str, Command] = {
                           "or 'prompt_lookup,PATH' (the lookup where it matches, else the "
                           "model); omit for plain decoding")),
          ("--input_file", dict(help="one input a line (.tsv: input<TAB>reference)")),
+         ("--prompt", dict(help="one text instead of --input_file: its continuation is printed "
+                           "with the target passes it took (and, greedy, whether it equals "
+                           "plain greedy)")),
          ("--output", dict(help="JSONL to append to; existing indices are skipped")),
-         ("--vocab", dict(help="SentencePiece model (default: spiece.model in --target)")),
+         ("--vocab", dict(help="SentencePiece model, or a directory with GPT-2's vocab.json + "
+                          "merges.txt (default: the one in --target)")),
          *((f"--{name}", dict(type=typ)) for name, typ in (
              ("gamma", int), ("temperature", float), ("top_k", int), ("top_p", float),
              ("lenience", float), ("max_decode_len", int), ("max_input_len", int),
-             ("batch_size", int), ("seed", int), ("draft_stop", float))),
+             ("batch_size", int), ("seed", int), ("draft_stop", float),
+             ("max_new_tokens", int))),
          ("--adaptive_gamma", dict(action="store_true", default=None,
                                    help="each round drafts 0..gamma by eq. (5), from the running "
                                    "acceptance rate and c, v measured here")),
@@ -97,7 +104,7 @@ COMMANDS: Dict[str, Command] = {
          ("--dtype", dict(choices=DTYPES, help="parameter dtype in memory")),
          ("--activation_dtype", dict(choices=DTYPES, help="compute dtype (T5X's "
                                      "ACTIVATION_DTYPE; default float32)"))),
-        "--target, --input_file and --output (or decode.* gin bindings)"),
+        "--target, and --input_file with --output or --prompt (or decode.* gin bindings)"),
     "train": Command("train a T5 on the demo corpus (gin-configured, resumable)",
                      "speculative_t5.training:train", TRAINER_OPTIONS,
                      "a --gin_file that sets the run (e.g. configs/demo_target.gin)"),

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from speculative_t5.checkpoints import draft_parts, load_checkpoint, load_draft
 from speculative_t5.commands import interrupt
-from speculative_t5.data import find_vocabulary, pad_rows, pad_to, read_inputs
+from speculative_t5.data import BPEVocabulary, find_vocabulary, pad_rows, pad_to, read_inputs
 from speculative_t5.decoding.output import combine
 from speculative_t5.decoding.sampling import check_verification
 from speculative_t5.experiments.rundir import JsonlLog, fingerprint
@@ -78,16 +78,50 @@ def _open_log(output: str, run: Dict[str, Any], n: int):
     return log, set(np.flatnonzero(mask[:n]).tolist())
 
 
+def check_vocabulary(vocabulary, model) -> None:
+    """A GPT-2 reads GPT-2's BPE files, a T5 a SentencePiece model; every id must have a row."""
+    if isinstance(vocabulary, BPEVocabulary) != model.decoder_only:
+        raise ValueError(f"vocabulary {vocabulary.path} is "
+                         f"{'GPT-2 BPE' if isinstance(vocabulary, BPEVocabulary) else 'SentencePiece'}"
+                         f" but the target is a {'GPT-2' if model.decoder_only else 'T5'}")
+    vocabulary.check_fits(model.config.vocab_size)
+
+
+def _report_prompt(res, vocabulary, target, ids, sampling, max_decode_len, partitioner,
+                   lengths, speculative: bool, quiet: bool) -> None:
+    """Print a --prompt decode's continuation and its target passes; a greedy speculative
+    decode is checked against plain greedy of the same prompt (decoded here to say so)."""
+    if quiet:
+        return
+    n, calls = int(res.lengths[0]), res.row(0)["target_calls"]
+    line = f"{n} tokens in {calls} target passes"
+    if speculative and sampling.greedy:
+        plain = generate(target, ids, max_decode_len=max_decode_len, sampling=sampling,
+                         partitioner=partitioner, prompt_lengths=lengths)
+        same = np.array_equal(plain.tokens[0], res.tokens[0])
+        line += f" (plain: {plain.row(0)['target_calls']}), identical to plain greedy: " \
+                f"{'yes' if same else 'no'}"
+    print(vocabulary.decode(res.tokens[0, :n].tolist()))
+    print(line)
+
+
 @gin.configurable(denylist=["quiet"])
-def decode(target: str = gin.REQUIRED, input_file: str = gin.REQUIRED,
-           output: str = gin.REQUIRED, draft: Optional[str] = None, vocab: Optional[str] = None,
+def decode(target: str = gin.REQUIRED, input_file: Optional[str] = None,
+           output: Optional[str] = None, draft: Optional[str] = None, vocab: Optional[str] = None,
            gamma: int = 4, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
            lenience: float = 1.0, max_decode_len: int = 64, max_input_len: int = 512,
            batch_size: int = 8, seed: int = 0, prefix: str = "", dtype: Optional[str] = None,
            activation_dtype: Optional[str] = None, partitioner: Optional[Partitioner] = None,
            verification: str = "token", draft_stop: Optional[float] = None,
-           adaptive_gamma: bool = False, quiet: bool = False) -> dict:
+           adaptive_gamma: bool = False, prompt: Optional[str] = None,
+           max_new_tokens: Optional[int] = None, quiet: bool = False) -> dict:
     """Decode every line of `input_file`; one JSONL record per example in `output`.
+
+    prompt: one text instead of an input file (output optional): its continuation is
+    printed with "N tokens in M target passes", and for a greedy speculative decode whether
+    it is identical to plain greedy (plain is decoded too, to say so). A GPT-2 target
+    (decoder-only) continues each line or prompt, tokenized with the directory's vocab.json
+    + merges.txt; max_new_tokens is max_decode_len by its decoder-only name.
 
     partitioner: the mesh to run on; default `Partitioner()`, configured by gin the T5X way
     (`--gin.Partitioner.num_partitions=4`): the models load straight into their shards and
@@ -108,9 +142,21 @@ def decode(target: str = gin.REQUIRED, input_file: str = gin.REQUIRED,
     for name, value in (("dtype", dtype), ("activation_dtype", activation_dtype)):
         if value not in DTYPES:
             raise ValueError(f"{name} must be one of {DTYPES[1:]}, got {value!r}")
-    if os.path.isdir(output):
+    if max_new_tokens is not None:
+        if max_decode_len != 64 and max_decode_len != max_new_tokens:
+            raise ValueError("give max_new_tokens or max_decode_len, not both")
+        max_decode_len = check_int("max_new_tokens", max_new_tokens, 1)
+    if (prompt is None) == (input_file is None):
+        raise ValueError("decode needs --input_file (with --output) or --prompt, not both"
+                         if prompt is not None else "decode needs --input_file and --output, or --prompt")
+    if prompt is not None and (not isinstance(prompt, str) or not prompt.strip()):
+        raise ValueError(f"--prompt must be a non-empty text, got {prompt!r}")
+    if output is None and prompt is None:
+        raise ValueError("decode needs --output (the JSONL to write) with --input_file")
+    if output is not None and os.path.isdir(output):
         raise ValueError(f"--output {output} is a directory; give a file path")
-    if os.path.abspath(output) == os.path.abspath(input_file):
+    if output is not None and input_file is not None and \
+            os.path.abspath(output) == os.path.abspath(input_file):
         raise ValueError(f"--output {output} is the input file")
     draft_stop = check_draft_stop(draft_stop, draft, bool(_draft_dirs(draft)))
     if not isinstance(adaptive_gamma, bool):
@@ -119,7 +165,7 @@ def decode(target: str = gin.REQUIRED, input_file: str = gin.REQUIRED,
         raise ValueError("adaptive_gamma needs --draft")
     draft_identity = _draft_identity(draft)
     vocabulary = find_vocabulary(vocab, target, *_draft_dirs(draft))
-    examples = read_inputs(input_file, prefix)
+    examples = read_inputs(input_file, prefix) if prompt is None else [(prefix + prompt, None)]
     encoded = [vocabulary.encode(text) for text, _ in examples]
     for i, ids in enumerate(encoded):
         if len(ids) > max_input_len:
@@ -127,41 +173,52 @@ def decode(target: str = gin.REQUIRED, input_file: str = gin.REQUIRED,
                              f"max_input_len {max_input_len}")
     run = {"target": _identity(target), "draft": draft_identity,
            "vocabulary": _identity(vocabulary.path), "input_file": _identity(input_file),
+           **({"prompt": prompt} if prompt is not None else {}),
            "prefix": prefix, "gamma": gamma if draft else None, **sampling._asdict(),
            "lenience": lenience, "max_decode_len": max_decode_len, "seed": seed,
            "dtype": dtype, "activation_dtype": activation_dtype,
            "verification": verification if draft else None,
            "draft_stop": draft_stop, "adaptive_gamma": adaptive_gamma or None}  # None: as before
-    log, done = _open_log(output, run, len(examples))
+    log, done = _open_log(output, run, len(examples)) if output else (None, set())
     todo = [i for i in range(len(examples)) if i not in done]
     if log is not None:
         interrupt.progress(lambda: f"{len(log.done)} of {len(examples)} records saved in {output}")
     quiet = quiet or jax.process_index() > 0
     partitioner = partitioner or Partitioner()
+    if partitioner.mesh.size == 1:
+        partitioner = None  # one device: the models load and run whole
     rows, seconds_total = [], 0.0
     if todo:
         target_model = load_checkpoint(target, dtype=dtype, activation_dtype=activation_dtype,
                                        partitioner=partitioner)
         draft_model = load_draft(draft, dtype=dtype, activation_dtype=activation_dtype,
                                  partitioner=partitioner) if draft else None
-        vocabulary.check_fits(target_model.config.vocab_size)
+        check_vocabulary(vocabulary, target_model)
         if draft_model is not None:
             draft_model = check_draft(target_model, draft_model)
     base = jax.random.PRNGKey(seed)
-    bar = tqdm(total=len(todo), desc="decode", unit="ex", disable=quiet or not todo)
+    bar = tqdm(total=len(todo), desc="decode", unit="ex", disable=quiet or not todo or prompt is not None)
     for start in range(0, len(todo), batch_size):
         idx = todo[start:start + batch_size]
         width = -(-max(len(encoded[i]) for i in idx) // LENGTH_BUCKET) * LENGTH_BUCKET
         # a fixed batch: one compiled program; one key per example index
         ids = pad_rows(pad_to([encoded[i] for i in idx], width), batch_size)
+        lengths = None  # a GPT-2's prompts are right-padded; their lengths say where they end
+        if target_model.decoder_only:
+            lengths = [len(encoded[i]) for i in idx]
+            lengths = np.asarray(lengths + lengths[:1] * (batch_size - len(idx)))
         keys = jax.vmap(lambda i: jax.random.fold_in(base, i))(
             jnp.asarray(idx + idx[:1] * (batch_size - len(idx)), jnp.uint32))
         t0 = time.perf_counter()
         res = generate(target_model, ids, draft=draft_model, gamma=gamma,
                        max_decode_len=max_decode_len, sampling=sampling, lenience=lenience,
                        verification=verification, draft_stop=draft_stop, rng=keys,
-                       adaptive_gamma=adaptive_gamma, partitioner=partitioner)
+                       adaptive_gamma=adaptive_gamma, partitioner=partitioner,
+                       prompt_lengths=lengths)
         seconds = time.perf_counter() - t0
+        if prompt is not None:
+            _report_prompt(res, vocabulary, target_model, ids, sampling, max_decode_len,
+                           partitioner, lengths, draft_model is not None, quiet)
         for row, i in enumerate(idx):
             stats = res.row(row)
             n = stats.pop("length")
@@ -185,6 +242,6 @@ def decode(target: str = gin.REQUIRED, input_file: str = gin.REQUIRED,
                    exact=lenience == 1.0)
     if not draft:
         summary["acceptance_rate"] = None
-    if not quiet:
+    if not quiet and prompt is None:
         print(json.dumps(summary))
     return summary

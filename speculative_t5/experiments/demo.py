@@ -24,6 +24,7 @@ from speculative_t5.experiments.rundir import RunDir
 CELLS = {"docstrings_t0": ("argmax (temperature 0)", "speculative_greedy"),
          "docstrings_t1": ("temperature 1", "speculative_sampling")}
 RUN_DIRS = ("cells", "walltime", "gamma_sweep")
+FAMILIES = ("t5", "gpt2")
 
 
 def cell_text(name: str, gamma: int = 4, num_examples: int = 32, temperature: float = 1.0,
@@ -59,8 +60,14 @@ def demo(output_dir: str = "runs/demo_output", num_examples: int = 32, gamma: in
          temperature: float = 1.0, gammas: Sequence[int] = (1, 2, 4, 7),
          sweep_examples: int = 16, timing_rounds: int = 10, target: Optional[str] = None,
          draft: Optional[str] = None, vocab: Optional[str] = None, show: int = 3,
-         quiet: bool = False) -> Dict:
-    """Run the demo; returns the summary also written to output_dir/summary.json."""
+         family: str = "t5", quiet: bool = False) -> Dict:
+    """Run the demo; returns the summary also written to output_dir/summary.json.
+    family 'gpt2': the decoder-only demo on the shipped GPT-2 pair (`demo_gpt2`)."""
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+    if family == "gpt2":
+        return _gpt2(output_dir, num_examples, gamma, temperature, timing_rounds, target,
+                     draft, vocab, show, quiet)
     t_start = time.perf_counter()
     if (target or draft or vocab) and not (target and draft and vocab):
         raise ValueError("give --target, --draft and --vocab together (or none: the shipped pair)")
@@ -98,6 +105,23 @@ def demo(output_dir: str = "runs/demo_output", num_examples: int = 32, gamma: in
     if not quiet:
         _print(summary, examples, output_dir)
     return summary
+
+
+def _gpt2(output_dir, num_examples, gamma, temperature, timing_rounds, target, draft, vocab,
+          show, quiet) -> Dict:
+    """The GPT-2 demo: held-out stdlib modules' function bodies to complete."""
+    from speculative_t5.checkpoints.demo import demo_paths
+    from speculative_t5.data.code_corpus import heldout_prompts
+    from speculative_t5.experiments.demo_gpt2 import demo_gpt2
+    if vocab:
+        raise ValueError("a GPT-2 reads vocab.json + merges.txt from --target's directory; "
+                         "--vocab is for T5")
+    if bool(target) != bool(draft):
+        raise ValueError("give --target and --draft together (or neither: the shipped pair)")
+    paths = demo_paths("gpt2")
+    return demo_gpt2(output_dir, heldout_prompts(), target or paths["target"],
+                     draft or paths["draft"], num_examples, gamma, temperature,
+                     timing_rounds=timing_rounds, show=show, quiet=quiet)
 
 
 SETTING_KEYS = ("alpha", "alpha_ci95", "positions", "c", "v", "gamma", "tokens_per_target_call",

@@ -15,15 +15,19 @@ from speculative_t5.decoding.drafts import ModelDraft
 from speculative_t5.decoding.loops import plain_decode, speculative_decode
 from speculative_t5.decoding.sampling import SamplingConfig, row_keys
 from speculative_t5.generate import generate
-from speculative_t5.model.api import Model, init_cache
+from speculative_t5.model.api import Model, init_cache, prefill_cache
 
 
 def setup_timer(model: Model, width: int, cache_len: int, seed: int = 0) -> Callable[[], Any]:
     """A no-argument function doing one input's per-decode set-up: the encoder over
     [1, width] tokens, the cross-attention keys/values and the cache allocation (one jitted
-    call, as a decode's program starts with them)."""
+    call, as a decode's program starts with them); for a decoder-only model, the prefill
+    of a [1, width] prompt."""
     x = jnp.asarray(np.random.RandomState(seed).randint(2, model.config.vocab_size, (1, width)),
                     jnp.int32)
+    if model.decoder_only:
+        lengths = jnp.full((1,), width, jnp.int32)
+        return lambda: prefill_cache(model, x, lengths, cache_len)
     return lambda: init_cache(model, x, cache_len)
 
 

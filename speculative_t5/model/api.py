@@ -91,11 +91,22 @@ def _check_ids(name: str, ids, vocab_size: int, ndim: int = 2):
 
 @jax.jit
 def _forward(model: Model, input_ids: Array, decoder_input_ids: Array) -> Array:
+    if model.decoder_only:
+        return gpt2.forward(model.config, model.params, input_ids)
     return model.module.apply({"params": model.params}, input_ids, decoder_input_ids)
 
 
-def forward(model: Model, input_ids: Array, decoder_input_ids: Array) -> Array:
-    """Teacher-forced float32 logits [B, T, V]; decoder_input_ids[:, 0] is the start token (0)."""
+def forward(model: Model, input_ids: Array, decoder_input_ids: Array | None = None) -> Array:
+    """Teacher-forced float32 logits [B, T, V]; decoder_input_ids[:, 0] is the start token (0).
+    A GPT-2 (decoder-only) takes its tokens [B, T] as input_ids alone (causal)."""
+    if model.decoder_only:
+        if decoder_input_ids is not None:
+            raise ValueError("a decoder-only model takes one token array (input_ids)")
+        input_ids = jnp.asarray(input_ids)
+        _check_ids("input_ids", input_ids, model.config.vocab_size)
+        return _forward(model, input_ids.astype(jnp.int32), None)
+    if decoder_input_ids is None:
+        raise ValueError("a T5 needs decoder_input_ids beside input_ids")
     input_ids, decoder_input_ids = jnp.asarray(input_ids), jnp.asarray(decoder_input_ids)
     _check_ids("input_ids", input_ids, model.config.vocab_size)
     _check_ids("decoder_input_ids", decoder_input_ids, model.config.vocab_size)
