@@ -96,6 +96,13 @@ def completion_prompts(source: str, module: str, context_chars: int = 600,
     return rows
 
 
+def heldout_prompts(stdlib: Optional[str] = None, **prompt_kw) -> List[Dict]:
+    """The held-out completion prompts (what heldout.jsonl holds), built in memory: dicts
+    with module, offset, prompt, reference (the GPT-2 demo's examples)."""
+    return [p for m, s in source_files(stdlib) if split_of_module(m) == "heldout"
+            for p in completion_prompts(s, m, **prompt_kw)]
+
+
 def write_code_corpus(out_dir: str, stdlib: Optional[str] = None,
                       max_files: Optional[int] = None, **prompt_kw) -> Dict[str, int]:
     """Write train.txt, heldout.txt and heldout.jsonl; returns files per split and prompts."""
