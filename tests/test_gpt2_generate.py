@@ -14,6 +14,7 @@ import pytest
 import speculative_t5 as st
 import test_exactness as tx
 import test_generate as tg
+from speculative_t5.checkpoints.common import flat_params
 from speculative_t5.decoding.sampling import adjust
 from speculative_t5.model import gpt2
 from helpers import tiny_config
@@ -65,18 +66,10 @@ def test_greedy_equals_transformers(pair):
 
 
 def _torch_state(model):
-    """Our GPT-2 parameters as transformers' state dict (the inverse of params_from_hf)."""
-    p = model.params
-    state = {"transformer.wte.weight": p["wte"], "transformer.wpe.weight": p["wpe"],
-             "transformer.ln_f.weight": p["ln_f"]["scale"], "transformer.ln_f.bias": p["ln_f"]["bias"],
-             "lm_head.weight": p["wte"]}
-    for i in range(model.config.n_layer):
-        for ours, theirs in gpt2.HF_NAMES.items():
-            leaf = p[f"h_{i}"][ours]
-            for a, b in (("scale", "weight"), ("kernel", "weight"), ("bias", "bias")):
-                if a in leaf:
-                    state[f"transformer.h.{i}.{theirs}.{b}"] = leaf[a]
-    return {k: torch.tensor(np.asarray(v)) for k, v in state.items()}
+    """Our GPT-2 parameters as transformers' state dict (`gpt2.hf_name`, the loader's map)."""
+    state = {f"transformer.{gpt2.hf_name(k)}": v for k, v in flat_params(model).items()}
+    state["lm_head.weight"] = state["transformer.wte.weight"]
+    return {k: torch.tensor(v) for k, v in state.items()}
 
 
 @pytest.mark.parametrize("gamma", [3, 6])

@@ -1,4 +1,5 @@
-"""Checkpoint I/O: Hugging Face, T5X (legacy msgpack+tensorstore, orbax) and native (orbax).
+"""Checkpoint I/O: Hugging Face (T5 and GPT-2), T5X (legacy msgpack+tensorstore, orbax) and
+native (orbax, both families).
 
 `load_checkpoint(path)` detects the format from the directory's files; every reader checks
 the full parameter tree (names, shapes, finite values) before returning a model."""
@@ -12,7 +13,7 @@ from speculative_t5.checkpoints.hf import WEIGHT_FILES, export_hf, load_hf
 from speculative_t5.checkpoints.native import MARKER, load_native, save_native
 from speculative_t5.checkpoints.t5x import (LEGACY_FILE, ORBAX_MARKERS, latest_step_dir,
                                             load_t5x)
-from speculative_t5.model.api import Model
+from speculative_t5.model.api import Model, ModelConfig
 from speculative_t5.model.config import T5Config
 
 if TYPE_CHECKING:
@@ -45,10 +46,11 @@ def detect_format(path: str) -> str:
         f"or an orbax checkpoint; found {sorted(files)[:8]})")
 
 
-def load_checkpoint(path: str, config: Optional[T5Config] = None, dtype: Optional[str] = None,
+def load_checkpoint(path: str, config: Optional[ModelConfig] = None, dtype: Optional[str] = None,
                     format: Optional[str] = None, activation_dtype: Optional[str] = None,
                     partitioner: Optional["Partitioner"] = None, role: str = "target") -> Model:
-    """Load a T5 from a Hugging Face, T5X or native directory.
+    """Load a T5 from a Hugging Face, T5X or native directory, or a GPT-2 from a Hugging
+    Face or native one (the directory's config says which).
 
     config: optional; checked against the checkpoint (T5X stores none, so it is inferred).
     dtype:  parameter dtype to hold in memory ('float32', 'bfloat16'); default as configured.
@@ -71,6 +73,9 @@ def load_checkpoint(path: str, config: Optional[T5Config] = None, dtype: Optiona
     elif fmt == "native":
         model = load_native(path, config, dtype, partitioner, role)
     elif fmt in ("t5x", "t5x_orbax"):
+        if config is not None and not isinstance(config, T5Config):
+            raise CheckpointError(f"{path}: a T5X checkpoint holds a T5, not a "
+                                  f"{type(config).__name__}")
         model = load_t5x(path, config, dtype, fmt, partitioner, role)
     else:
         raise CheckpointError(f"unknown checkpoint format {fmt!r}; known: {FORMATS}")

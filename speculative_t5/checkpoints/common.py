@@ -12,21 +12,30 @@ import jax
 import numpy as np
 from flax import traverse_util
 
-from speculative_t5.model.api import Model, host_memory, param_shapes
-from speculative_t5.model.config import T5Config
+from speculative_t5.model.api import Model, ModelConfig, host_memory, param_shapes
+from speculative_t5.model.gpt2 import GPT2Config
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that cannot be read as a T5 model; the message names file and tensor."""
+    """A checkpoint that cannot be read as a model; the message names file and tensor."""
 
 
-def expected_shapes(config: T5Config) -> Dict[str, tuple]:
-    """'encoder/layers_0/attention/query/kernel' -> shape, for every parameter."""
+def architecture(config: ModelConfig) -> str:
+    """'2/2-layer gated T5' or '2-layer GPT-2', for messages."""
+    if isinstance(config, GPT2Config):
+        return f"{config.n_layer}-layer GPT-2"
+    return (f"{config.num_encoder_layers}/{config.num_decoder_layers}-layer "
+            f"{'gated' if config.is_gated else 'ReLU'} T5")
+
+
+def expected_shapes(config: ModelConfig) -> Dict[str, tuple]:
+    """'encoder/layers_0/attention/query/kernel' (T5) or 'h_0/attn_c_attn/kernel' (GPT-2)
+    -> shape, for every parameter of `config`."""
     flat = traverse_util.flatten_dict(param_shapes(config), sep="/")
     return {k: tuple(v.shape) for k, v in flat.items()}
 
 
-def check_shapes(config: T5Config, declared: Mapping[str, tuple], source: str,
+def check_shapes(config: ModelConfig, declared: Mapping[str, tuple], source: str,
                  names: Optional[Mapping[str, str]] = None,
                  shardings: Optional[Mapping[str, Any]] = None) -> None:
     """The tensor names and shapes a checkpoint declares must be exactly those `config`
@@ -43,8 +52,7 @@ def check_shapes(config: T5Config, declared: Mapping[str, tuple], source: str,
     extra = sorted(set(declared) - set(expected))
     if extra:
         raise CheckpointError(f"{source}: unexpected tensor(s) {', '.join(extra[:5])} for a "
-                              f"{config.num_encoder_layers}/{config.num_decoder_layers}-layer "
-                              f"{'gated' if config.is_gated else 'ReLU'} T5 config")
+                              f"{architecture(config)} config")
     for key, shape in expected.items():
         if tuple(declared[key]) != shape:
             raise CheckpointError(f"{source}: tensor {names.get(key, key)} has shape "
@@ -71,7 +79,7 @@ def host_bytes(shapes: Mapping[str, tuple], itemsize: int,
 
 
 def check_dtype(dtype, source: str, name: str) -> None:
-    """A tensor stored as integers or bools is no T5 parameter: an error, never a cast."""
+    """A tensor stored as integers or bools is no parameter: an error, never a cast."""
     if not np.issubdtype(dtype, np.floating) and np.dtype(dtype).name != "bfloat16":
         raise CheckpointError(f"{source}: tensor {name} has dtype {dtype}, expected floating point")
 
@@ -85,7 +93,7 @@ def checked(arr: np.ndarray, dtype, source: str, name: str) -> np.ndarray:
     return arr
 
 
-def build_model(config: T5Config, flat: Mapping[str, Any], source: str,
+def build_model(config: ModelConfig, flat: Mapping[str, Any], source: str,
                 names: Optional[Mapping[str, str]] = None) -> Model:
     """Check flat {'a/b/kernel': array} against `config` and build a Model.
 
@@ -123,7 +131,7 @@ def orbax_shapes(directory: str) -> Dict[str, tuple]:
 
 
 # -- partitioned loading: each tensor straight into its shards ------------------------------
-def flat_shardings(partitioner, config: T5Config, role: str) -> Dict[str, Any]:
+def flat_shardings(partitioner, config: ModelConfig, role: str) -> Dict[str, Any]:
     """{path: NamedSharding}; a dimension the mesh does not divide is a ValueError."""
     return traverse_util.flatten_dict(partitioner.param_shardings(config, role), sep="/")
 
@@ -149,7 +157,7 @@ def slice_reader(tensor: Any) -> Callable[[tuple], Any]:
     return getattr(tensor, "read", None) or (lambda index: tensor[index])
 
 
-def build_sharded(config: T5Config, flat: Mapping[str, Any], source: str,
+def build_sharded(config: ModelConfig, flat: Mapping[str, Any], source: str,
                   names: Optional[Mapping[str, str]], partitioner, role: str) -> Model:
     """`build_model` for a partitioner: the same checks, each tensor read shard by shard
     (`slice_reader`) into `partitioner.param_shardings(config, role)`."""
@@ -174,7 +182,7 @@ def check_finite(x: jax.Array, source: str, name: str) -> None:
                 raise CheckpointError(f"{source}: tensor {name} has NaN or Inf values")
 
 
-def restore_orbax(directory: str, config: T5Config, declared: Mapping[str, Tuple[tuple, Any]],
+def restore_orbax(directory: str, config: ModelConfig, declared: Mapping[str, Tuple[tuple, Any]],
                   partitioner, role: str, prefix: Tuple[str, ...] = ()) -> Model:
     """Parameters of an orbax checkpoint restored straight into their shards: abstract targets
     carry the shardings, so tensorstore reads only each device's slice (cast to the param

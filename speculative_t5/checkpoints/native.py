@@ -1,5 +1,6 @@
-"""Our native format: `speculative_t5.json` (config + format version) beside an orbax
-`params/` directory holding the T5X-named parameter tree."""
+"""Our native format: `speculative_t5.json` (format version, model family, config) beside
+an orbax `params/` directory holding the parameter tree (T5X's names for T5, ours for GPT-2).
+The family is 't5' or 'gpt2'; files written before GPT-2 existed have none and are T5."""
 from __future__ import annotations
 
 import json
@@ -13,8 +14,7 @@ from flax import traverse_util
 from speculative_t5.checkpoints.common import (CheckpointError, build_model, check_shapes,
                                                flat_params, orbax_metadata, orbax_shapes,
                                                restore_orbax)
-from speculative_t5.model.api import Model
-from speculative_t5.model.config import T5Config
+from speculative_t5.model.api import FAMILIES, Model, ModelConfig, family
 
 MARKER = "speculative_t5.json"
 FORMAT_VERSION = 1
@@ -33,23 +33,35 @@ def save_native(model: Model, path: str, overwrite: bool = False) -> None:
         ckptr.save(os.path.join(path, "params"), params)
     with open(os.path.join(path, MARKER), "w") as f:
         json.dump({"format": "speculative_t5", "version": FORMAT_VERSION,
+                   "family": family(model.config),
                    "config": model.config.to_dict()}, f, indent=2)
 
 
-def load_native(path: str, config: Optional[T5Config] = None, dtype: Optional[str] = None,
-                partitioner=None, role: str = "target") -> Model:
-    """A native directory; with a partitioner each tensor is restored into its shards."""
-    import orbax.checkpoint as ocp
+def read_native_config(path: str) -> ModelConfig:
+    """The config a native directory's speculative_t5.json records (no weights read)."""
     marker = os.path.join(path, MARKER)
     try:
         with open(marker) as f:
             meta = json.load(f)
-        file_config = T5Config.from_dict(meta["config"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        name = meta.get("family", "t5")
+        if name not in FAMILIES:
+            raise ValueError(f"model family {name!r} is not supported; known: "
+                             f"{', '.join(FAMILIES)}")
+        config = FAMILIES[name].from_dict(meta["config"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise CheckpointError(f"{marker}: cannot read model config ({type(e).__name__}: {e})") from None
     if meta.get("version", 0) > FORMAT_VERSION:
         raise CheckpointError(f"{marker}: format version {meta.get('version')} is newer than "
                               f"this speculative_t5 reads ({FORMAT_VERSION})")
+    return config
+
+
+def load_native(path: str, config: Optional[ModelConfig] = None, dtype: Optional[str] = None,
+                partitioner=None, role: str = "target") -> Model:
+    """A native directory; with a partitioner each tensor is restored into its shards."""
+    import orbax.checkpoint as ocp
+    marker = os.path.join(path, MARKER)
+    file_config = read_native_config(path)
     if config is not None and config.replace(dtype=file_config.dtype,
                                              param_dtype=file_config.param_dtype) != file_config:
         raise CheckpointError(f"{marker}: the checkpoint's config differs from the config given")

@@ -52,6 +52,7 @@ def convert(source: str = gin.REQUIRED, destination: str = gin.REQUIRED, format:
         shutil.rmtree(work, ignore_errors=True)
         cancel()
     c = model.config
+    shape = (f"GPT-2, {c.n_layer} layers, emb {c.n_embd}" if model.decoder_only else
+             f"{c.num_encoder_layers}+{c.num_decoder_layers} layers, emb {c.emb_dim}")
     print(f"converted {source} -> {destination} ({format}): {model.num_params():,} parameters, "
-          f"{c.num_encoder_layers}+{c.num_decoder_layers} layers, emb {c.emb_dim}, "
-          f"vocab {c.vocab_size}, {c.param_dtype}")
+          f"{shape}, vocab {c.vocab_size}, {c.param_dtype}")

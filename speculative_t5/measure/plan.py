@@ -68,16 +68,12 @@ def read_config(name_or_path: str) -> T5Config:
         raise ValueError(f"{path!r} is neither a T5 preset ({', '.join(preset_names())}) nor a "
                          "checkpoint directory")
     files = set(os.listdir(path))
-    if "config.json" in files:
-        return hf.read_hf_config(path)[0]
-    if native.MARKER in files:
-        marker = os.path.join(path, native.MARKER)
-        try:
-            with open(marker) as f:
-                return T5Config.from_dict(json.load(f)["config"])
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise CheckpointError(f"{marker}: cannot read model config "
-                                  f"({type(e).__name__}: {e})") from None
+    config = (hf.read_hf_config(path)[0] if "config.json" in files
+              else native.read_native_config(path) if native.MARKER in files else None)
+    if config is not None and not isinstance(config, T5Config):
+        raise ValueError(f"{path}: plan covers T5 only, not a {type(config).__name__}")
+    if config is not None:
+        return config
     state = os.path.join(path, "state")
     orbax = bool(files & set(t5x.ORBAX_MARKERS)) or (
         os.path.isdir(state) and bool(set(os.listdir(state)) & set(t5x.ORBAX_MARKERS)))

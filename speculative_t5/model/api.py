@@ -7,7 +7,7 @@ A decode loop only needs `init_cache` and `decode`:
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict
+from typing import Any, Dict, Union
 
 import flax.linen as nn
 import jax
@@ -20,6 +20,13 @@ from speculative_t5.model.gpt2 import GPT2Config
 from speculative_t5.model.t5 import T5
 
 Array = jax.Array
+ModelConfig = Union[T5Config, GPT2Config]   # the families a Model holds
+FAMILIES = {"t5": T5Config, "gpt2": GPT2Config}  # family name (HF's model_type) -> its config
+
+
+def family(config: ModelConfig) -> str:
+    """'t5' or 'gpt2'."""
+    return "gpt2" if isinstance(config, GPT2Config) else "t5"
 
 
 @struct.dataclass
@@ -54,13 +61,18 @@ def _boxed_shapes(config: T5Config):
     return jax.eval_shape(lambda: T5(config).init(jax.random.PRNGKey(0), *_dummy_inputs()))["params"]
 
 
-def param_shapes(config: T5Config) -> Dict[str, Any]:
-    """The parameter tree as jax.ShapeDtypeStruct leaves (no memory allocated)."""
+def param_shapes(config: ModelConfig) -> Dict[str, Any]:
+    """The parameter tree as jax.ShapeDtypeStruct leaves (no memory allocated); a
+    T5Config's or a GPT2Config's."""
+    if isinstance(config, GPT2Config):
+        return gpt2.param_shapes(config)
     return nn.unbox(_boxed_shapes(config))
 
 
-def param_axes(config: T5Config) -> Dict[str, Any]:
+def param_axes(config: ModelConfig) -> Dict[str, Any]:
     """The parameter tree with a PartitionSpec of logical axis names per leaf."""
+    if isinstance(config, GPT2Config):
+        return gpt2.param_axes(config)
     return nn.get_partition_spec(_boxed_shapes(config))
 
 

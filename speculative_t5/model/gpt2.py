@@ -18,12 +18,14 @@ tree shards like T5's on a mesh.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, Dict, List, Mapping, Tuple
 
 import flax.linen as nn
 import gin
 import jax
 import jax.numpy as jnp
+from flax import traverse_util
 
 from speculative_t5.model.t5 import _param
 
@@ -80,6 +82,16 @@ class GPT2Config:
     def replace(self, **changes: Any) -> "GPT2Config":
         return dataclasses.replace(self, **changes)
 
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "GPT2Config":
+        unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown GPT2Config fields: {unknown}")
+        return cls(**d)
+
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> "GPT2Config":
         if name not in _PRESETS:
@@ -100,6 +112,14 @@ class GPT2Config:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"config.json field {theirs!r} must be one int, got {value!r}")
             fields[ours] = value
+        n_inner = hf.get("n_inner")
+        if n_inner is not None and n_inner != 4 * fields["n_embd"]:
+            raise ValueError(f"config.json n_inner {n_inner!r}: only GPT-2's 4 * n_embd MLP "
+                             "is implemented")
+        for name, want in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
+                           ("add_cross_attention", False)):
+            if hf.get(name, want) != want:
+                raise ValueError(f"config.json {name} {hf[name]!r}: only {want} is implemented")
         act = hf.get("activation_function", "gelu_new")
         if act not in ("gelu_new", "gelu_pytorch_tanh"):
             raise ValueError(f"config.json activation_function {act!r}: only GPT-2's tanh GELU "
@@ -251,11 +271,19 @@ def init_params(config: GPT2Config, seed: int = 0):
         jax.random.PRNGKey(seed)))
 
 
+def _boxed_shapes(config: GPT2Config):
+    tokens = jnp.zeros((1, 2), jnp.int32)
+    return jax.eval_shape(lambda: GPT2(config).init(jax.random.PRNGKey(0), tokens))["params"]
+
+
+def param_shapes(config: GPT2Config):
+    """The parameter tree as jax.ShapeDtypeStruct leaves (no memory allocated)."""
+    return nn.unbox(_boxed_shapes(config))
+
+
 def param_axes(config: GPT2Config):
     """The parameter tree with a PartitionSpec of logical axis names per leaf."""
-    tokens = jnp.zeros((1, 2), jnp.int32)
-    return nn.get_partition_spec(jax.eval_shape(
-        lambda: GPT2(config).init(jax.random.PRNGKey(0), tokens))["params"])
+    return nn.get_partition_spec(_boxed_shapes(config))
 
 
 def forward(config: GPT2Config, params, tokens: Array) -> Array:
@@ -277,37 +305,39 @@ def decode(config: GPT2Config, params, cache, tokens: Array, pos: Array):
 
 HF_NAMES = {"ln_1": "ln_1", "ln_2": "ln_2", "attn_c_attn": "attn.c_attn",
             "attn_c_proj": "attn.c_proj", "mlp_c_fc": "mlp.c_fc", "mlp_c_proj": "mlp.c_proj"}
+_HF_LEAF = {"kernel": "weight", "scale": "weight", "bias": "bias"}
+
+
+def hf_name(path: str) -> str:
+    """Our parameter path -> its Hugging Face GPT-2 name, without the 'transformer.' prefix
+    ('h_0/attn_c_attn/kernel' -> 'h.0.attn.c_attn.weight'). No transpose: HF's Conv1D
+    stores [in, out], as our kernels do. The one map the loader and the exporter share."""
+    parts = path.split("/")
+    if path in ("wte", "wpe"):
+        return f"{path}.weight"
+    if len(parts) == 2 and parts[0] == "ln_f" and parts[1] in _HF_LEAF:
+        return f"ln_f.{_HF_LEAF[parts[1]]}"
+    m = re.fullmatch(r"h_(\d+)", parts[0])
+    if not m or len(parts) != 3 or parts[1] not in HF_NAMES or parts[2] not in _HF_LEAF:
+        raise KeyError(path)
+    return f"h.{m.group(1)}.{HF_NAMES[parts[1]]}.{_HF_LEAF[parts[2]]}"
 
 
 def params_from_hf(tensors: Mapping[str, Any], config: GPT2Config):
     """Our parameter tree from a Hugging Face GPT-2 state dict (numpy arrays; with or
     without the 'transformer.' prefix; lm_head tied, so ignored). A missing tensor or a
-    wrong shape is a ValueError naming it."""
-    def get(name, shape):
-        for key in (f"transformer.{name}", name):
-            if key in tensors:
-                x = tensors[key]
-                if tuple(x.shape) != tuple(shape):
-                    raise ValueError(f"{key}: shape {tuple(x.shape)}, expected {tuple(shape)}")
-                return jnp.asarray(x, config.jnp_param_dtype)
-        raise ValueError(f"GPT-2 state dict is missing {name!r}")
-    E, V, P = config.n_embd, config.vocab_size, config.n_positions
-    widths = {"ln_1": None, "ln_2": None, "attn_c_attn": 3 * E, "attn_c_proj": E,
-              "mlp_c_fc": 4 * E, "mlp_c_proj": E}
-    params = {"wte": get("wte.weight", (V, E)), "wpe": get("wpe.weight", (P, E)),
-              "ln_f": {"scale": get("ln_f.weight", (E,)), "bias": get("ln_f.bias", (E,))}}
-    for i in range(config.n_layer):
-        block = {}
-        for ours, theirs in HF_NAMES.items():
-            base = f"h.{i}.{theirs}"
-            if widths[ours] is None:
-                block[ours] = {"scale": get(f"{base}.weight", (E,)), "bias": get(f"{base}.bias", (E,))}
-            else:
-                fan_in = 4 * E if ours == "mlp_c_proj" else E
-                block[ours] = {"kernel": get(f"{base}.weight", (fan_in, widths[ours])),
-                               "bias": get(f"{base}.bias", (widths[ours],))}
-        params[f"h_{i}"] = block
-    return params
+    wrong shape is a ValueError naming it. (Checkpoint directories: `load_checkpoint`.)"""
+    shapes = traverse_util.flatten_dict(param_shapes(config), sep="/")
+    flat = {}
+    for path in sorted(shapes, key=lambda k: ({"wte": 0, "wpe": 1}.get(k, 2), k)):  # wte, wpe first
+        name, shape = hf_name(path), tuple(shapes[path].shape)
+        key = next((k for k in (f"transformer.{name}", name) if k in tensors), None)
+        if key is None:
+            raise ValueError(f"GPT-2 state dict is missing {name!r}")
+        if tuple(tensors[key].shape) != shape:
+            raise ValueError(f"{key}: shape {tuple(tensors[key].shape)}, expected {shape}")
+        flat[tuple(path.split("/"))] = jnp.asarray(tensors[key], config.jnp_param_dtype)
+    return traverse_util.unflatten_dict(flat)
 
 
 def prefill(config: GPT2Config, params, prompts: Array, lengths: Array, length: int):
