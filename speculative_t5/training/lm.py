@@ -27,7 +27,7 @@ from speculative_t5.model.api import Model
 from speculative_t5.model.gpt2 import GPT2Config
 from speculative_t5.training.trainer import _fit_and_export, _fit_kwargs
 
-CONFIG_FILE = "config.json"   # the run's GPT2Config (Hugging Face's fields), beside checkpoints/
+CONFIG_FILE = "config.json"   # the run's GPT2Config (`to_dict`), beside checkpoints/
 
 
 # ----------------------------------------------------------------------------- data
@@ -92,7 +92,7 @@ def heldout_loss(model: Model, windows: np.ndarray, batch_size: int = 16) -> flo
 def _write_config(model_dir: str, config: GPT2Config) -> None:
     os.makedirs(model_dir, exist_ok=True)
     with open(os.path.join(model_dir, CONFIG_FILE), "w") as f:
-        json.dump(config.to_hf_config(), f, indent=2)
+        json.dump(config.to_dict(), f, indent=2)
 
 
 def load_trained(model_dir: str) -> Model:
@@ -100,7 +100,7 @@ def load_trained(model_dir: str) -> Model:
     (needs no exported copy); an unfinished run is a ValueError."""
     import orbax.checkpoint as ocp
     with open(os.path.join(model_dir, CONFIG_FILE)) as f:
-        config = GPT2Config.from_hf_config(json.load(f))
+        config = GPT2Config.from_dict(json.load(f))
     with open(os.path.join(model_dir, "train_log.json")) as f:
         steps = json.loads(f.readlines()[-1])["steps"]
     ckpt_dir = os.path.abspath(os.path.join(model_dir, "checkpoints"))
