@@ -6,11 +6,11 @@ alpha, and speculative greedy against plain greedy.
 DIR: a Hugging Face GPT-2 directory (…/hf, the shipped demo_models/gpt2_*) or a train_lm /
 distill_lm run directory (its final float32 checkpoint). --data_dir: the corpus the pair
 was trained on (`prepare_code_data`'s; its held-out split and prompts are read).
-Held-out loss: mean next-token cross-entropy (nats) over the held-out split's 128-token
-windows. Prompts: `num_prompts` of heldout.jsonl spread evenly, each cut to its last
-`max_prompt` tokens. alpha is measured along the target's greedy continuation (32 tokens):
-at T = 0 the fraction of positions where the argmaxes agree, at T = 1 the mean of
-sum_x min(p(x), q(x)). Counts only, no timings: one JSON object on stdout.
+Held-out loss: mean next-token cross-entropy (nats) over the held-out split's 256-token
+windows (the recipes' window). Prompts: `num_prompts` of heldout.jsonl spread evenly, each
+cut to its last `max_prompt` tokens. alpha is measured along the target's greedy
+continuation (32 tokens): at T = 0 the fraction of positions where the argmaxes agree, at
+T = 1 the mean of sum_x min(p(x), q(x)). Counts only, no timings: one JSON object on stdout.
 """
 import argparse
 import json
@@ -43,7 +43,7 @@ def main():
     ap.add_argument("--max_prompt", type=int, default=192)
     ap.add_argument("--max_decode_len", type=int, default=32)
     ap.add_argument("--gamma", type=int, default=4)
-    ap.add_argument("--window", type=int, default=128)
+    ap.add_argument("--window", type=int, default=256)
     args = ap.parse_args()
     target, draft = lm.load_teacher(args.target), lm.load_teacher(args.draft)
     vocab = BPEVocabulary(f"{args.data_dir}/bpe")

@@ -59,7 +59,8 @@ def token_windows(stream: np.ndarray, window: int) -> np.ndarray:
     with the next window's first, so every token is predicted once)."""
     n = (len(stream) - 1) // window
     if n < 1:
-        raise ValueError(f"a token stream of {len(stream)} is shorter than one window ({window} + 1)")
+        raise ValueError(f"a token stream of {len(stream)} is shorter than one window "
+                         f"({window} + 1)")
     return stream[np.arange(n)[:, None] * window + np.arange(window + 1)[None, :]]
 
 
