@@ -7,6 +7,7 @@
       [--verification token|block] ...
   speculative-t5 train --gin_file=configs/demo_target.gin [--gin.train.steps=100]
   speculative-t5 distill --gin_file=configs/demo_draft.gin
+  speculative-t5 train_lm --gin_file=configs/gpt2_demo_target.gin   (then distill_lm, _draft.gin)
   speculative-t5 walltime_table --cell configs/paper/ende_t5_small_t0.gin [--cell ...]
       --output_dir runs/table2 [--gin.TARGET_CHECKPOINT="'gs://...'"]
   speculative-t5 alpha_table --cell ... --output_dir runs/table3
@@ -110,6 +111,12 @@ COMMANDS: Dict[str, Command] = {
     "distill": Command("distill a draft from a teacher (gin-configured, resumable)",
                        "speculative_t5.training:distill", TRAINER_OPTIONS,
                        "a --gin_file that sets the run (e.g. configs/demo_draft.gin)"),
+    "train_lm": Command("train a GPT-2 on the standard library's source (gin-configured, "
+                        "resumable)", "speculative_t5.training:train_lm", TRAINER_OPTIONS,
+                        "a --gin_file that sets the run (e.g. configs/gpt2_demo_target.gin)"),
+    "distill_lm": Command("distill a GPT-2 draft from a train_lm target (gin-configured, "
+                          "resumable)", "speculative_t5.training:distill_lm", TRAINER_OPTIONS,
+                          "a --gin_file that sets the run (e.g. configs/gpt2_demo_draft.gin)"),
     "alpha_table": Command("paper Table 3: alpha per pair x task x temperature",
                            "speculative_t5.experiments.drivers:alpha_table", DRIVER_OPTIONS),
     "walltime_table": Command("paper Table 2: walltime of plain vs speculative decoding",

@@ -70,11 +70,12 @@ def examples_from_source(source: str, module: str, max_source_chars: int = 1500)
     return out
 
 
-def stdlib_modules(stdlib: Optional[str] = None) -> Iterator[tuple]:
-    """(module name, path) for every .py file of the standard library, in sorted order."""
+def stdlib_modules(stdlib: Optional[str] = None, skip=_SKIP_DIRS) -> Iterator[tuple]:
+    """(module name, path) for every .py file of the standard library, in sorted order,
+    outside the directories named in `skip`."""
     root = stdlib or sysconfig.get_paths()["stdlib"]
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
+        dirnames[:] = sorted(d for d in dirnames if d not in skip)
         for name in sorted(filenames):
             if name.endswith(".py"):
                 path = os.path.join(dirpath, name)

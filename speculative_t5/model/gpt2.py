@@ -23,6 +23,7 @@ import re
 from typing import Any, Dict, List, Mapping, Tuple
 
 import flax.linen as nn
+import gin
 import jax
 import jax.numpy as jnp
 from flax import traverse_util
@@ -142,6 +143,12 @@ class GPT2Config:
 
 def preset_names() -> Tuple[str, ...]:
     return tuple(sorted(_PRESETS))
+
+
+@gin.configurable("GPT2Config")
+def gin_gpt2_config(preset: str = "", **fields: Any) -> GPT2Config:
+    """`GPT2Config` as gin sees it: `GPT2Config.n_embd = 256`, or `GPT2Config.preset = 'gpt2'`."""
+    return GPT2Config.preset(preset, **fields) if preset else GPT2Config(**fields)
 
 
 class Linear(nn.Module):

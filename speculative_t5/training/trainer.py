@@ -24,6 +24,7 @@ import optax
 from tqdm import tqdm
 
 from speculative_t5.checkpoints import export_hf, load_checkpoint, save_checkpoint
+from speculative_t5.data.bpe import BPEVocabulary
 from speculative_t5.data.demo_corpus import write_corpus
 from speculative_t5.data.inputs import pad_rows, tokenize
 from speculative_t5.data.vocabulary import Vocabulary
@@ -129,12 +130,16 @@ def fit(model_dir: str, model: Model, loss_fn: Callable, data: Dict[str, np.ndar
     return trained, stop == steps
 
 
-def _write_outputs(model_dir: str, model: Model, vocab: Vocabulary, export_dtype: str):
+def _write_outputs(model_dir: str, model: Model, vocab, export_dtype: str):
     save_checkpoint(model, os.path.join(model_dir, "model"), overwrite=True)
     hf = os.path.join(model_dir, "hf")
     shutil.rmtree(hf, ignore_errors=True)
     export_hf(cast_params(model, export_dtype), hf)
-    shutil.copy(vocab.path, os.path.join(hf, "spiece.model"))
+    if isinstance(vocab, BPEVocabulary):  # GPT-2's vocab.json + merges.txt
+        for path in vocab.files:
+            shutil.copy(path, hf)
+    else:
+        shutil.copy(vocab.path, os.path.join(hf, "spiece.model"))
 
 
 def _masked_mean(values, targets):
