@@ -3,6 +3,7 @@ alpha, and speculative greedy against plain greedy.
 
     python experiments/gpt2_demo_pair.py --target DIR --draft DIR --data_dir DIR [--num_prompts 32]
 
+Also the held-out loss of a bigram table fitted to the train split (the baseline).
 DIR: a Hugging Face GPT-2 directory (…/hf, the shipped demo_models/gpt2_*) or a train_lm /
 distill_lm run directory (its final float32 checkpoint). --data_dir: the corpus the pair
 was trained on (`prepare_code_data`'s; its held-out split and prompts are read).
@@ -34,6 +35,17 @@ def encode_prompts(vocab, prompts, max_prompt, pad_id):
     return ids, lengths
 
 
+def bigram_loss(train: np.ndarray, windows: np.ndarray, vocab_size: int) -> float:
+    """The baseline a model must beat: next-token cross-entropy (nats) over the same windows
+    of the paper's bigram draft (`st.drafts.Bigram`) fitted to the train split."""
+    bigram = st.drafts.Bigram.fit([train], vocab_size, top=256)
+    succ, probs, rest = (np.asarray(x) for x in (bigram.successors, bigram.probs, bigram.rest))
+    a, b = windows[:, :-1].ravel(), windows[:, 1:].ravel()                    # [N * W]
+    hit = succ[a] == b[:, None]                                                 # [N * W, top]
+    p = np.where(hit.any(1), (probs[a] * hit).sum(1), rest[a])
+    return float(-np.mean(np.log(p)))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", required=True)
@@ -52,6 +64,8 @@ def main():
     report["heldout_windows"] = len(windows)
     for name, model in (("target", target), ("draft", draft)):
         report[f"heldout_loss_{name}"] = lm.heldout_loss(model, windows)
+    report["heldout_loss_bigram"] = bigram_loss(
+        lm.token_stream(args.data_dir, "train", vocab), windows, target.config.vocab_size)
 
     prompts = read_prompts(args.data_dir)
     prompts = [prompts[i * len(prompts) // args.num_prompts] for i in range(args.num_prompts)]

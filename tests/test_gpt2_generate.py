@@ -72,11 +72,16 @@ def _torch_state(model):
     return {k: torch.tensor(v) for k, v in state.items()}
 
 
-@pytest.mark.parametrize("gamma", [3, 6])
+@pytest.mark.parametrize("gamma", [1, 3, 7])
 def test_speculative_greedy_equals_plain(pair, gamma):
     target, draft, prompts, lengths = pair
     plain = st.generate(target, prompts, prompt_lengths=lengths, max_decode_len=MAX_LEN)
+    noise = jax.tree_util.tree_map(  # a perturbed copy: agrees often, not always
+        lambda x: x + 0.02 * jax.random.normal(jax.random.PRNGKey(3), x.shape), target.params)
     runs = {"model": dict(draft=draft), "block": dict(draft=draft, verification="block"),
+            "draft == target": dict(draft=target),
+            "random draft": dict(draft=st.init_model(target.config, seed=7)),
+            "perturbed copy": dict(draft=st.Model(target.config, noise)),
             "lookup": dict(draft=st.drafts.PromptLookup()),
             "fallback, adaptive": dict(draft=st.drafts.Fallback(st.drafts.PromptLookup(2, 2), draft),
                                        adaptive_gamma=(0.2, 1.4)),
@@ -90,6 +95,8 @@ def test_speculative_greedy_equals_plain(pair, gamma):
         assert (out.lengths > gamma + 1).sum() >= 3
         if name == "model":
             assert out.summary()["acceptance_rate"] > 0.2
+        if name == "draft == target":
+            assert out.summary()["acceptance_rate"] == 1.0
 
 
 V, STEPS, N = tx.V, tx.STEPS, 120_000
@@ -98,23 +105,24 @@ SMALL = st.GPT2Config(vocab_size=V, n_positions=16, n_embd=16, n_layer=2, n_head
 PROMPT = np.array([[3, 5, 2, 7]], np.int32)
 
 
-def _exact(model):
+def _exact(model, sampling):
     """P(first STEPS continuation tokens) by enumeration of the target's own distributions."""
     prefixes = list(itertools.product(range(V), repeat=STEPS - 1))
     seqs = np.array([[*PROMPT[0], *p] for p in prefixes], np.int32)
     logits = gpt2.forward(model.config, model.params, seqs)[:, PROMPT.shape[1] - 1:]
-    probs = np.asarray(adjust(logits, st.SamplingConfig(1.0)), np.float64)      # [V^2, 3, V]
+    probs = np.asarray(adjust(logits, sampling), np.float64)                   # [V^2, 3, V]
     return tx.enumerate_distribution(probs, model.config.eos_id)
 
 
-@pytest.mark.parametrize("kind", ["model", "fallback"])
+@pytest.mark.parametrize("kind", ["model", "fallback", "model, top-k 3"])
 def test_speculative_sampling_is_exact(kind):
     target, draft = st.init_model(SMALL, seed=0), st.init_model(SMALL, seed=1)
-    d = draft if kind == "model" else st.drafts.Fallback(st.drafts.PromptLookup(1, 1), draft)
+    d = st.drafts.Fallback(st.drafts.PromptLookup(1, 1), draft) if kind == "fallback" else draft
+    sampling = st.SamplingConfig(1.0, top_k=3 if "top-k" in kind else 0)
     out = st.generate(target, np.repeat(PROMPT, N, 0), draft=d, gamma=2, max_decode_len=STEPS,
-                      temperature=1.0, rng=jax.random.PRNGKey(0))
+                      sampling=sampling, rng=jax.random.PRNGKey(0))
     assert 0.1 < out.summary()["acceptance_rate"] < 0.95
-    pvalue, cells = tx.chi_square_pvalue(out.tokens, _exact(target))
+    pvalue, cells = tx.chi_square_pvalue(out.tokens, _exact(target, sampling))
     assert cells >= 20 and pvalue > 1e-3, (kind, pvalue, cells)
 
 

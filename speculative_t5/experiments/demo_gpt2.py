@@ -106,7 +106,8 @@ def demo_gpt2(output_dir: str, examples: Sequence[Dict[str, str]], target: str, 
     check_pair(target_model, draft_model)
     vocab.check_fits(target_model.config.vocab_size)
     examples = list(examples)[:num_examples]
-    prompts = [vocab.encode(e["prompt"])[-max_prompt_tokens:] for e in examples]
+    keep = min(max_prompt_tokens, target_model.config.n_positions - max_new_tokens)
+    prompts = [vocab.encode(e["prompt"])[-keep:] for e in examples]  # the latest context
     widths = sorted({-(-len(p) // WIDTH) * WIDTH for p in prompts})
     cache_len = max(widths) + max_new_tokens + gamma + 1
     costs = measure_costs(target_model, draft_model, [gamma], widths, widths[len(widths) // 2],
