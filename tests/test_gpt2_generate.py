@@ -115,5 +115,8 @@ def test_errors(pair):
         st.generate(target, prompts, prompt_lengths=[3, 4])
     with pytest.raises(ValueError, match="exceeds the model's 64 positions"):
         st.generate(target, prompts, prompt_lengths=lengths, max_decode_len=60)
+    with pytest.raises(ValueError, match="recompute_cross_attention is for T5"):
+        st.generate(target, prompts, prompt_lengths=lengths, max_decode_len=MAX_LEN,
+                    recompute_cross_attention=True)
     with pytest.raises(ValueError, match="prompt_lengths is for decoder-only"):
         st.generate(t5, prompts, prompt_lengths=lengths)
