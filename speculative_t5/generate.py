@@ -54,9 +54,8 @@ def _generate(target: Model, draft: Any, input_ids, rng, temperature, lengths=No
         start, mask = None, input_ids != target.config.pad_id
 
     def setup(model: Model, ids, length: int, role: str = "target"):
-        if model.decoder_only:
-            return prefill_cache(model, ids, lengths, length)
-        cache = init_cache(model, ids, length, recompute_cross_attention)
+        cache = prefill_cache(model, ids, lengths, length) if model.decoder_only else \
+            init_cache(model, ids, length, recompute_cross_attention)
         return cache if partitioner is None else partitioner.constrain(
             cache, cache_axes(cache), role)
     if draft is None:
@@ -248,7 +247,8 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
     not on the batch it is decoded in; the `decode` command keys each input by its index).
     partitioner: run on its mesh: the models' parameters placed as it places them (moved
     there if they are not), rows split over 'data' (padded with copies of the last row to a
-    multiple of its size), caches' heads over 'model'. Same tokens as unpartitioned.
+    multiple of its size; a GPT-2's prompt lengths with them), caches' heads over 'model'.
+    Same tokens as unpartitioned.
     verification: with a draft, "token" (Algorithm 1, token by token; the default) or "block"
     (Sun et al. 2025, Algorithm 2: the block judged jointly; as exact, never fewer tokens per
     call on average, identical when greedy; lenience must then be 1).
@@ -286,9 +286,9 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
     lengths = None
     if model.decoder_only:
         lengths = check_prompt_lengths(model, ids, prompt_lengths, max_decode_len)
-        if recompute_cross_attention or partitioner is not None:
-            raise ValueError("recompute_cross_attention and partitioner are for T5 (a GPT-2 "
-                             "has no cross-attention; partitioned GPT-2 is not built yet)")
+        if recompute_cross_attention:
+            raise ValueError("recompute_cross_attention is for T5 (a GPT-2 has no "
+                             "cross-attention)")
     elif prompt_lengths is not None:
         raise ValueError("prompt_lengths is for decoder-only models (GPT-2); a T5's inputs "
                          "are 0-padded")
@@ -324,10 +324,13 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
         # host copies, placed straight into a global sharding (every process passes the same)
         if jnp.issubdtype(keys.dtype, jax.dtypes.prng_key):
             keys = jax.random.key_data(keys)                                   # [B, 2] uint32
-        ids = jax.device_put(_pad_rows(np.asarray(ids), partitioner.data_size),
-                             partitioner.sharding(("batch", "length")))
-        keys = jax.device_put(_pad_rows(np.asarray(keys), partitioner.data_size),
-                              partitioner.sharding(("batch",)))
+
+        def place(x, axes):  # rows padded to a multiple of 'data', split over it
+            return jax.device_put(_pad_rows(np.asarray(x), partitioner.data_size),
+                                  partitioner.sharding(axes))
+        ids, keys = place(ids, ("batch", "length")), place(keys, ("batch",))
+        if lengths is not None:  # a padded row copies the last row's prompt, length and key
+            lengths = place(np.asarray(lengths, np.int32), ("batch",))
     speculative = draft is not None
     tokens, lengths, stats = _generate(
         model, draft, ids, keys, jnp.float32(sampling.temperature),

@@ -28,6 +28,27 @@ def tiny_config(variant="t5_1_1", **overrides):
     return st.T5Config(**base)
 
 
+def gpt2_pair(max_decode_len=20, **overrides):
+    """A GPT-2 target whose greedy output stops inside some rows (EOS = a token it emits),
+    a 1-layer draft (the target's first block), 6 prompts of lengths 1..9 right-padded to 9
+    -> (target, draft, prompts, lengths). overrides: GPT2Config fields."""
+    config = st.GPT2Config(**{**dict(vocab_size=61, n_positions=64, n_embd=32, n_layer=3,
+                                     n_head=4, eos_id=60, pad_id=60), **overrides})
+    target = st.init_model(config, seed=0)
+    rng = np.random.RandomState(0)
+    lengths = np.array([3, 9, 5, 1, 7, 4])
+    prompts = rng.randint(0, 60, (6, 9)).astype(np.int32)
+    prompts[np.arange(9)[None, :] >= lengths[:, None]] = config.pad_id
+    free = st.generate(target, prompts, prompt_lengths=lengths, max_decode_len=max_decode_len)
+    emitted = np.concatenate([row[3:min(n, max_decode_len - 3)]
+                              for row, n in zip(free.tokens, free.lengths)])
+    values, counts = np.unique(emitted[emitted != config.eos_id], return_counts=True)
+    target = st.Model(config.replace(eos_id=int(values[np.argmax(counts)])), target.params)
+    draft = st.Model(target.config.replace(n_layer=1), {
+        k: v for k, v in target.params.items() if k == "h_0" or not k.startswith("h_")})
+    return target, draft, prompts, lengths
+
+
 def random_ids(rng, batch, length, vocab, pad_tail=None):
     """Token ids in [2, vocab); rows' tails padded with 0 where pad_tail[b] > 0."""
     ids = rng.randint(2, vocab, size=(batch, length)).astype(np.int32)

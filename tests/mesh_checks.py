@@ -12,7 +12,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import speculative_t5 as st  # noqa: E402
-from speculative_t5.model.api import cache_axes, init_cache  # noqa: E402
+from speculative_t5.model.api import cache_axes, init_cache, prefill_cache  # noqa: E402
 
 MESHES = {"1x8": 8, "2x4": 4, "8x1": 1, "4x2": 2}  # data x model -> num_partitions
 
@@ -46,11 +46,7 @@ def decodes(results):
                     continue
                 out = st.generate(target, ids, max_decode_len=24, rng=jax.random.PRNGKey(3),
                                   partitioner=p, **kw)
-                ref = refs[name]
-                results[f"{mesh} {draft_mode} {name}"] = bool(
-                    (out.tokens == ref.tokens).all() and (out.lengths == ref.lengths).all()
-                    and all((out.stats[k] == ref.stats[k]).all() for k in ref.stats
-                            if isinstance(ref.stats[k], np.ndarray)))
+                results[f"{mesh} {draft_mode} {name}"] = _same(out, refs[name])
         sharded = p.shard(target)
         results[f"{mesh} logits max diff"] = float(np.abs(
             np.asarray(st.forward(sharded, ids, dec)) - logits).max())
@@ -68,6 +64,52 @@ def decodes(results):
         results[f"{mesh} cache shards"] = [
             list(cache["self"][0]["k"].addressable_shards[0].data.shape),
             list(cache["cross"][0][0].addressable_shards[0].data.shape)]
+
+
+def gpt2(results):
+    """A GPT-2 target (8 heads, vocabulary 64: both divide 'model') and its 1-layer draft,
+    6 prompts of lengths 1..9 (padded to 8 rows on 4x2): each draft kind partitioned gives
+    the unpartitioned tokens and stats; T = 1 the same samples from the same row keys."""
+    from helpers import gpt2_pair
+    target, draft, prompts, lengths = gpt2_pair(20, vocab_size=64, n_head=8)
+    keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.PRNGKey(5), i))(np.arange(6))
+    lookup = st.drafts.PromptLookup(2, 1)
+    runs = {"plain greedy": {}, "spec greedy": dict(draft=draft),
+            "spec T=1": dict(draft=draft, temperature=1.0),
+            "lookup greedy": dict(draft=lookup),
+            "fallback block T=1": dict(draft=st.drafts.Fallback(lookup, draft),
+                                       verification="block", temperature=1.0)}
+    refs = {name: st.generate(target, prompts, prompt_lengths=lengths, max_decode_len=20,
+                              gamma=3, rng=keys, **kw) for name, kw in runs.items()}
+    # each setting compiles its own program: the model draft on both meshes, the others on
+    # one (the fallback, whose lookup reads the mask, where rows are padded)
+    for mesh, parts, names in (("1x8", 8, ("spec greedy", "spec T=1", "lookup greedy")),
+                               ("4x2", 2, ("plain greedy", "spec greedy", "spec T=1",
+                                           "fallback block T=1"))):
+        p = st.Partitioner(num_partitions=parts)
+        for name in names:
+            out = st.generate(target, prompts, prompt_lengths=lengths, max_decode_len=20,
+                              gamma=3, rng=keys, partitioner=p, **runs[name])
+            results[f"gpt2 {mesh} {name}"] = _same(out, refs[name])
+    # the prefill cache on 4x2: rows over 'data', heads over 'model'
+    def setup(m, x, n):
+        cache = prefill_cache(m, x, n, 4)
+        return p.constrain(cache, cache_axes(cache))
+    rows = np.concatenate([prompts, prompts[:2]])                                # 8 rows
+    cache = jax.jit(setup)(p.shard(target), *(jax.device_put(x, p.sharding(a)) for x, a in (
+        (rows, ("batch", "length")), (np.concatenate([lengths, lengths[:2]]), ("batch",)))))
+    results["gpt2 4x2 cache shards"] = [list(x.addressable_shards[0].data.shape)
+                                        for x in (cache["layers"][0]["k"], cache["offset"])]
+    results["gpt2 stops"] = int((refs["plain greedy"].lengths < 20).sum())
+    results["gpt2 T=1 sampled other tokens"] = bool(
+        (refs["spec T=1"].tokens != refs["plain greedy"].tokens).any())
+
+
+def _same(out, ref) -> bool:
+    """Identical tokens, lengths and per-row stats."""
+    return bool((out.tokens == ref.tokens).all() and (out.lengths == ref.lengths).all()
+                and all((out.stats[k] == ref.stats[k]).all() for k in ref.stats
+                        if isinstance(ref.stats[k], np.ndarray)))
 
 
 def errors(results):
@@ -103,6 +145,6 @@ def exactness(results):
 
 if __name__ == "__main__":
     out = {"devices": jax.device_count()}
-    for part in sys.argv[1:] or ["decodes", "errors", "exactness"]:
+    for part in sys.argv[1:] or ["decodes", "errors", "exactness", "gpt2"]:
         globals()[part](out)
     print("RESULTS " + json.dumps(out))

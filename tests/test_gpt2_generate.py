@@ -17,32 +17,17 @@ import test_generate as tg
 from speculative_t5.checkpoints.common import flat_params
 from speculative_t5.decoding.sampling import adjust
 from speculative_t5.model import gpt2
-from helpers import tiny_config
+from helpers import gpt2_pair, tiny_config
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-CONFIG = st.GPT2Config(vocab_size=61, n_positions=64, n_embd=32, n_layer=3, n_head=4,
-                       eos_id=60, pad_id=60)
 MAX_LEN = 20
 
 
 @pytest.fixture(scope="module")
 def pair():
-    """A GPT-2 target whose greedy output stops inside some rows (EOS = a token it emits),
-    a 1-layer draft, prompts of lengths 3..9 right-padded to 9."""
-    target = st.init_model(CONFIG, seed=0)
-    rng = np.random.RandomState(0)
-    lengths = np.array([3, 9, 5, 1, 7, 4])
-    prompts = rng.randint(0, 60, (6, 9)).astype(np.int32)
-    prompts[np.arange(9)[None, :] >= lengths[:, None]] = CONFIG.pad_id
-    free = st.generate(target, prompts, prompt_lengths=lengths, max_decode_len=MAX_LEN)
-    emitted = np.concatenate([row[3:min(n, MAX_LEN - 3)] for row, n in zip(free.tokens, free.lengths)])
-    values, counts = np.unique(emitted[emitted != CONFIG.eos_id], return_counts=True)
-    target = st.Model(CONFIG.replace(eos_id=int(values[np.argmax(counts)])), target.params)
-    draft = st.Model(target.config.replace(n_layer=1), {
-        k: v for k, v in target.params.items() if k not in ("h_1", "h_2")})
-    return target, draft, prompts, lengths
+    return gpt2_pair(MAX_LEN)
 
 
 def test_greedy_equals_transformers(pair):
@@ -138,5 +123,8 @@ def test_errors(pair):
         st.generate(target, prompts, prompt_lengths=[3, 4])
     with pytest.raises(ValueError, match="exceeds the model's 64 positions"):
         st.generate(target, prompts, prompt_lengths=lengths, max_decode_len=60)
+    with pytest.raises(ValueError, match="recompute_cross_attention is for T5"):
+        st.generate(target, prompts, prompt_lengths=lengths, max_decode_len=MAX_LEN,
+                    recompute_cross_attention=True)
     with pytest.raises(ValueError, match="prompt_lengths is for decoder-only"):
         st.generate(t5, prompts, prompt_lengths=lengths)

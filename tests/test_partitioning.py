@@ -3,9 +3,10 @@
 The mesh checks run in a subprocess with 8 host CPU devices (tests/mesh_checks.py): greedy
 and sampled tokens on meshes 1x8, 2x4, 8x1 and 4x2 equal the unpartitioned decode's, the
 teacher-forced logits agree to 1e-5, every device holds its slice of each parameter and
-cache, and the exactness chi-square passes through a partitioned mesh. The multi-process
-test runs `decode` as two processes on localhost (JAX's distributed runtime, 4 CPU devices
-each) and compares the output with a one-process run."""
+cache, and the exactness chi-square passes through a partitioned mesh; a GPT-2 target's
+decodes (every draft kind) equal its unpartitioned ones on meshes 1x8 and 4x2. The
+multi-process test runs `decode` as two processes on localhost (JAX's distributed runtime,
+4 CPU devices each) and compares the output with a one-process run."""
 import json
 import os
 import socket
@@ -48,6 +49,18 @@ def test_partitioned_decodes_equal_unpartitioned_on_every_mesh():
     assert "does not divide the 8 devices" in r["error not dividing devices"]
     assert "'heads' dimension (4)" in r["error heads"] and "(8 devices)" in r["error heads"]
     assert "disagree" in r["error submesh disagrees"] and r["submesh"] == 4
+
+
+def test_partitioned_gpt2_decodes_equal_unpartitioned():
+    """A GPT-2 target with prompts of lengths 1..9 (6 rows: padded to 8 on 4x2) through a
+    model draft, prompt lookup and a block-verified fallback: tokens and stats identical to
+    the unpartitioned decode, greedy and T = 1 with the same row keys."""
+    r = _mesh_checks("gpt2")
+    decodes = {k: v for k, v in r.items() if k.endswith(("greedy", "T=1"))}
+    assert len(decodes) == 3 + 4 and all(decodes.values()), decodes
+    assert r["gpt2 stops"] >= 1 and r["gpt2 T=1 sampled other tokens"]
+    # layers' keys [B 8, L 9 + 4, H 8, D 4] and the offsets [B]
+    assert r["gpt2 4x2 cache shards"] == [[2, 13, 4, 4], [2]]
 
 
 def test_partitioned_sampling_is_exact():

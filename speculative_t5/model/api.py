@@ -165,8 +165,11 @@ def prefill_cache(model: Model, prompts: Array, lengths: Array, length: int):
 
 
 def cache_axes(cache: Dict[str, Any]) -> Dict[str, Any]:
-    """Logical axis names of every array in an `init_cache` cache (the same tree), so a
-    partitioner can shard it: batch rows over 'data', heads over 'model'."""
+    """Logical axis names of every array in an `init_cache` cache, or a GPT-2's
+    `prefill_cache` cache (the same tree), so a partitioner can shard it: batch rows over
+    'data', heads over 'model'."""
+    if "layers" in cache:
+        return gpt2.cache_axes(cache)
     return {"self": [{"k": ("batch", "length", "heads", "kv"), "v": ("batch", "length", "heads", "kv")}
                      for _ in cache["self"]],
             "cross": None if cache["cross"] is None else [

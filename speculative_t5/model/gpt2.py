@@ -356,6 +356,13 @@ def prefill(config: GPT2Config, params, prompts: Array, lengths: Array, length: 
     return {"layers": layers, "offset": (lengths - 1).astype(jnp.int32)}
 
 
+def cache_axes(cache) -> Dict[str, Any]:
+    """Logical axis names of every array in a `prefill` cache (the same tree): rows over
+    'data', heads over 'model'."""
+    kv = ("batch", "length", "heads", "kv")
+    return {"layers": [{"k": kv, "v": kv} for _ in cache["layers"]], "offset": ("batch",)}
+
+
 def step(config: GPT2Config, params, cache, tokens: Array, pos: Array):
     """The loops' step on a `prefill` cache: loop position pos is offset + pos here."""
     logits, layers = decode(config, params, cache["layers"], tokens, pos + cache["offset"])
