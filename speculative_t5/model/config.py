@@ -51,8 +51,24 @@ def _hf_int(hf: Mapping[str, Any], name: str, default: Any = _MISSING) -> int:
     return value
 
 
+class ConfigBase:
+    """What every family's frozen config dataclass shares: its dtypes as jnp dtypes, and
+    `replace` (a changed copy; configs are hashable static jit arguments)."""
+
+    @property
+    def jnp_dtype(self):
+        return jnp.dtype(self.dtype)
+
+    @property
+    def jnp_param_dtype(self):
+        return jnp.dtype(self.param_dtype)
+
+    def replace(self, **changes: Any):
+        return dataclasses.replace(self, **changes)
+
+
 @dataclasses.dataclass(frozen=True)
-class T5Config:
+class T5Config(ConfigBase):
     """Shape and numerics of one T5 model (hashable: it is a static jit argument)."""
 
     vocab_size: int = 32128
@@ -116,20 +132,9 @@ class T5Config:
         kwargs.update(overrides)
         return cls(**kwargs)
 
-    def replace(self, **changes: Any) -> "T5Config":
-        return dataclasses.replace(self, **changes)
-
     @property
     def is_gated(self) -> bool:
         return len(self.mlp_activations) > 1
-
-    @property
-    def jnp_dtype(self):
-        return jnp.dtype(self.dtype)
-
-    @property
-    def jnp_param_dtype(self):
-        return jnp.dtype(self.param_dtype)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 from flax import traverse_util
 
+from speculative_t5.model.config import ConfigBase
 from speculative_t5.model.t5 import _param
 
 Array = jax.Array
@@ -41,7 +42,7 @@ LIMITS = {"vocab_size": 1 << 21, "n_positions": 1 << 20, "n_embd": 1 << 16, "n_l
 
 
 @dataclasses.dataclass(frozen=True)
-class GPT2Config:
+class GPT2Config(ConfigBase):
     """Shape and numerics of one GPT-2 (hashable: a static jit argument). GPT-2 has no pad
     token; pad_id only fills right-padded prompts, which their lengths mask."""
     vocab_size: int = 50257
@@ -72,16 +73,6 @@ class GPT2Config:
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
 
-    @property
-    def jnp_dtype(self):
-        return jnp.dtype(self.dtype)
-
-    @property
-    def jnp_param_dtype(self):
-        return jnp.dtype(self.param_dtype)
-
-    def replace(self, **changes: Any) -> "GPT2Config":
-        return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
