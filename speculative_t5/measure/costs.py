@@ -100,6 +100,15 @@ def draft_model(draft) -> Optional[Model]:
     return models[0] if models else None
 
 
+def draft_label(draft) -> str:
+    """A short description of a draft (a Model's config class and size, not its weights)."""
+    if isinstance(draft, Fallback):
+        return f"Fallback({draft_label(draft.first)}, {draft_label(draft.then)})"
+    if isinstance(draft, Model):
+        return f"{type(draft.config).__name__} model ({draft.num_params():,} parameters)"
+    return repr(draft)
+
+
 def timed_parts(draft) -> Dict[str, Any]:
     """What `measure_costs` timed for this draft, for timing.json."""
     model = draft_model(draft)
@@ -107,7 +116,7 @@ def timed_parts(draft) -> Dict[str, Any]:
                  "model steps" if loop_kind(draft)[0] == "model" else
                  "the zero-cost draft itself inside the loop timer (L_gamma: its work on a "
                  "random input of the steps' width), with free model steps for a fallback's model")
-    return {"draft": repr(draft), "draft_model_steps_timed": model is not None,
+    return {"draft": draft_label(draft), "draft_model_steps_timed": model is not None,
             "zero_cost_draft_in_loop": loop_kind(draft)[0] != "model",
             "proposing": proposing,
             "left_out": ("a fallback model's catch-up feeds after lookup rounds are charged as "
