@@ -263,6 +263,17 @@ def test_gamma_sweep(tmp_path, pair, spm):
                   bindings=["gamma_sweep_cell.gammas = [0]"], quiet=True)
 
 
+def test_gamma_sweep_lookup_cell(tmp_path, pair, spm):
+    """A prompt-lookup cell sweeps like any other: no model, so c and c_hat are 0."""
+    cell = _cell_file(tmp_path, pair, spm, "lookup_t0", draft="prompt_lookup")
+    row, = paper.run("gamma_sweep", [cell], str(tmp_path / "run"), quiet=True, bindings=[
+        "gamma_sweep_cell.gammas = [1, 3]", "gamma_sweep_cell.timing_rounds = 2",
+        "NUM_EXAMPLES = 2"])
+    assert row["c"] == 0 and row["c_hat"] == 0 and 0 <= row["coverage"] <= 1
+    assert [r["gamma"] for r in row["rows"]] == [1, 3]
+    assert all(r["speedup_measured"] > 0 and r["speedup_predicted_full"] > 0 for r in row["rows"])
+
+
 def test_text_file_cell_and_decode_run_block(tmp_path, pair, spm):
     """tasks/text_file.gin feeds a TSV to a driver (with BLEU against its references), and
     runs/decode.gin turns any cell into `speculative-t5 decode` (decoding/plain.gin: no draft)."""
