@@ -81,8 +81,9 @@ def test_demo_cells_are_the_configs_demo_cells():
     assert "GAMMA = 3" in changed and "TEMPERATURE = 0.7" in changed
     assert "TARGET_CHECKPOINT = '/t'" in changed and "VOCABULARY = '/v'" in changed
     # --draft is the fallback's model; the lookup cell has none to replace
-    assert cell_text("docstrings_fallback_t0", draft="/d").endswith("fallback_draft.then = '/d'\n")
-    assert "/d" not in cell_text("docstrings_lookup_t0", draft="/d")
+    assert cell_text("docstrings_fallback_t0", draft="/my/draft").endswith(
+        "fallback_draft.then = '/my/draft'\n")
+    assert "/my/draft" not in cell_text("docstrings_lookup_t0", draft="/my/draft")
 
 
 def test_bucket_widths():
