@@ -26,6 +26,26 @@ def test_cost_formulas():
         c.plain_seconds(128, 1)  # a width whose set-up was not measured is not guessed
 
 
+def test_fallback_model_charged_for_the_steps_it_ran():
+    """A Fallback decode: its model drafted in 2 of 5 rounds (8 steps at gamma 4)."""
+    assert _costs().speculative_seconds(32, 4, 5, 1, model_steps=8) == pytest.approx(
+        0.001 + 0.0004 + 5 * (0.005 + 0.0001) + 8 * 0.0002 + 1 * 0.0001)
+
+
+def test_measure_costs_of_zero_cost_drafts():
+    """No draft model: c = 0, no draft set-up; the lookup's work is in the loop's per round.
+    A Fallback's model steps are timed."""
+    target = st.init_model(tiny_config(), seed=0)
+    lookup = measure_costs(target, st.drafts.PromptLookup(), gammas=[3], widths=[8],
+                           step_width=8, cache_len=12, rounds=2)
+    assert lookup.c == 0 and lookup.draft_two == 0 and lookup.setup[8]["draft"] == 0
+    assert lookup.round_loop[3] > 0 and lookup.target_step > 0
+    draft = st.init_model(tiny_config(num_decoder_layers=1), seed=1)
+    both = measure_costs(target, st.drafts.Fallback(st.drafts.PromptLookup(), draft), gammas=[3],
+                         widths=[8], step_width=8, cache_len=12, rounds=2)
+    assert both.c > 0 and both.draft_two > 0 and both.setup[8]["draft"] > 0
+
+
 def test_costs_json_round_trip():
     import json
     c = _costs()

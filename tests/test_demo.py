@@ -73,13 +73,17 @@ def test_demo_command_end_to_end(tmp_path):
 def test_demo_cells_are_the_configs_demo_cells():
     """The demo is the paper drivers over configs/demo/*.gin: with its defaults it writes
     exactly those cells; a changed gamma / temperature / pair is a changed cell."""
-    from speculative_t5.experiments.demo import CELLS, cell_text
-    for name in CELLS:
+    from speculative_t5.experiments.demo import CELLS, DRAFT_CELLS, cell_text
+    for name in {**CELLS, **DRAFT_CELLS}:
         with open(os.path.join(REPO, "configs", "demo", name + ".gin")) as f:
             assert cell_text(name) == f.read()
     changed = cell_text("docstrings_t1", gamma=3, temperature=0.7, target="/t", draft="/d", vocab="/v")
     assert "GAMMA = 3" in changed and "TEMPERATURE = 0.7" in changed
     assert "TARGET_CHECKPOINT = '/t'" in changed and "VOCABULARY = '/v'" in changed
+    # --draft is the fallback's model; the lookup cell has none to replace
+    assert cell_text("docstrings_fallback_t0", draft="/my/draft").endswith(
+        "fallback_draft.then = '/my/draft'\n")
+    assert "/my/draft" not in cell_text("docstrings_lookup_t0", draft="/my/draft")
 
 
 def test_bucket_widths():

@@ -172,6 +172,7 @@ def test_greedy_equals_plain(greedy_case, kind, gamma):
     assert (out.lengths > gamma + 1).sum() >= 4
     tg._check_stats(out, gamma)  # histogram sums to the lengths, calls, accepted <= reached
     assert out.summary()["acceptance_rate"] > 0.05  # drafts do get accepted
+    assert (out.stats["draft_model_steps"] == 0).all()  # no model ran
 
 
 def test_prompt_lookup_on_self_repeating_output(greedy_case):
@@ -318,6 +319,11 @@ def test_fallback_and_draft_stop_greedy_equal_plain(greedy_case, gamma):
         np.testing.assert_array_equal(out.lengths, plain.lengths, err_msg=name)
         tg._check_stats(out, gamma, fixed_model_draft=False)
         assert out.summary()["acceptance_rate"] > 0.05, name
+        steps, calls = np.asarray(out.stats["draft_model_steps"]), out.stats["target_calls"]
+        if "draft_stop" not in name:  # gamma model steps a round the model drafted, none
+            assert (steps % gamma == 0).all() and 0 < steps.sum() < gamma * calls.sum(), name
+        if name == "draft_stop":  # the model alone: it ran every round
+            assert (steps <= gamma * calls).all() and (steps >= calls).all()
         if "draft_stop" in name:  # rounds stopped early, and rounds that drafted all gamma
             hist = out.stats["drafts_per_round_hist"].sum(0)
             assert hist[1:gamma].sum() > 0 and hist[gamma] > 0, (name, hist)

@@ -66,6 +66,8 @@ def _check_stats(out, gamma, fixed_model_draft=True):
 def test_greedy_speculative_equals_plain(target, drafts, inputs, plain, kind, gamma):
     out = st.generate(target, inputs, draft=drafts[kind], gamma=gamma, max_decode_len=MAX_LEN)
     np.testing.assert_array_equal(out.tokens, plain.tokens)
+    # a model draft alone runs gamma steps a round (what the cost model charges it)
+    np.testing.assert_array_equal(out.stats["draft_model_steps"], gamma * out.stats["target_calls"])
     if kind == "same":  # every round sweeps: each round after the first feeds two tokens
         np.testing.assert_array_equal(out.stats["two_token_draft_calls"],
                                       out.stats["target_calls"] - 1)

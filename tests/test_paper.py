@@ -65,6 +65,9 @@ def test_every_config_parses_and_builds(rel, spm):
         assert len(cell.examples) == 2 and cell.gamma >= 1
         assert cell.temperature == (1.0 if "_t1" in rel else 0.0)
         assert cell.verification == ("block" if "block_verification" in text else "token")
+        assert cell.draft.startswith("prompt_lookup") == ("prompt_lookup" in text)
+        if "fallback" in rel:  # Fallback(prompt lookup, a draft model's path)
+            assert cell.draft.split(",")[1].startswith(("gs://", "/"))
         if cell.task in tasks.TASKS:
             assert gin.query_parameter("%PREFIX") == tasks.TASKS[cell.task]["prefix"]
             assert all(e["input_text"].startswith(tasks.TASKS[cell.task]["prefix"])
@@ -88,12 +91,15 @@ def test_unset_checkpoint_macro_is_named(spm):
 
 def _cell_file(tmp_path, pair, spm, name="ende_t0", decoding="speculative_greedy", extra="",
                draft="draft"):
+    """draft: a key of `pair`, or a draft spec ('prompt_lookup', 'prompt_lookup,draft':
+    the pair's names stand for their paths)."""
+    spec = ",".join(pair.get(part, part) for part in draft.split(","))
     path = tmp_path / f"{name}.gin"
     path.write_text(f"""include 'runs/paper.gin'
 include 'tasks/wmt_ende.gin'
 include 'decoding/{decoding}.gin'
 TARGET_CHECKPOINT = '{pair["target"]}'
-DRAFT_CHECKPOINT = '{pair[draft]}'
+DRAFT_CHECKPOINT = '{spec}'
 VOCABULARY = '{spm}'
 MOCK_DATA = 6
 NUM_EXAMPLES = 3
@@ -257,6 +263,17 @@ def test_gamma_sweep(tmp_path, pair, spm):
                   bindings=["gamma_sweep_cell.gammas = [0]"], quiet=True)
 
 
+def test_gamma_sweep_lookup_cell(tmp_path, pair, spm):
+    """A prompt-lookup cell sweeps like any other: no model, so c and c_hat are 0."""
+    cell = _cell_file(tmp_path, pair, spm, "lookup_t0", draft="prompt_lookup")
+    row, = paper.run("gamma_sweep", [cell], str(tmp_path / "run"), quiet=True, bindings=[
+        "gamma_sweep_cell.gammas = [1, 3]", "gamma_sweep_cell.timing_rounds = 2",
+        "NUM_EXAMPLES = 2"])
+    assert row["c"] == 0 and row["c_hat"] == 0 and 0 <= row["coverage"] <= 1
+    assert [r["gamma"] for r in row["rows"]] == [1, 3]
+    assert all(r["speedup_measured"] > 0 and r["speedup_predicted_full"] > 0 for r in row["rows"])
+
+
 def test_text_file_cell_and_decode_run_block(tmp_path, pair, spm):
     """tasks/text_file.gin feeds a TSV to a driver (with BLEU against its references), and
     runs/decode.gin turns any cell into `speculative-t5 decode` (decoding/plain.gin: no draft)."""
@@ -295,3 +312,95 @@ TARGET_LENGTH = 6
         assert rec["input"] == "translate English to German: the quick fox"
         assert (rec["stats"]["draft_calls"] > 0) == has_draft and rec["length"] <= 6
 
+
+
+def _lookup_first(history, j, max_n=3, min_n=1):
+    """What PromptLookup proposes first with j tokens emitted (history: the input's tokens,
+    then those j): what followed the most recent earlier occurrence of the longest last
+    n-gram (n <= j), or None."""
+    L = len(history)
+    for n in range(min(max_n, j), min_n - 1, -1):
+        for i in range(L - n - 1, -1, -1):
+            if history[i:i + n] == history[L - n:]:
+                return history[i + n]
+    return None
+
+
+def test_walltime_table_zero_cost_and_fallback_cells(tmp_path, pair, spm):
+    """A prompt-lookup cell and a Fallback(lookup, model) cell through walltime_table: every
+    file written, greedy identical to plain, the lookup's c 0 and its proposing timed in the
+    loop, the fallback's model charged only for the rounds it drafted."""
+    cells = [_cell_file(tmp_path, pair, spm, "lookup_t0", draft="prompt_lookup"),
+             _cell_file(tmp_path, pair, spm, "fallback_t0", draft="prompt_lookup:2,draft")]
+    out = str(tmp_path / "run")
+    rows = paper.run("walltime_table", cells, out, quiet=True, bindings=[
+        "walltime_cell.timing_rounds = 2", "walltime_cell.t5x_baseline = False",
+        "NUM_EXAMPLES = 2"])
+    for f in ("summary.csv", "summary.md", "walltime.png", "lookup_t0/timing.json",
+              "fallback_t0/tokens_per_call.png", "fallback_t0/noise_floor.json"):
+        assert os.path.exists(os.path.join(out, f)), f
+    lookup, fallback = rows
+    for row in rows:
+        assert row["identical_fraction"] == 1.0 and 1 <= row["tokens_per_target_call"] <= 3
+        assert 0 <= row["coverage"] <= 1 and 0 <= row["alpha"] <= 1
+        assert row["speedup_predicted_full"] > 0 and row["speedup_measured"] > 0
+    assert lookup["alpha"] <= lookup["coverage"] + 1e-9  # no proposal: overlap 0
+    assert lookup["draft"] == "prompt_lookup" and lookup["c"] == 0.0 and fallback["c"] > 0
+    header = open(os.path.join(out, "summary.csv")).readline()
+    assert "coverage" in header and "alpha_covered" in header
+    timing = {c: json.load(open(os.path.join(out, c, "timing.json"))) for c in ("lookup_t0", "fallback_t0")}
+    assert not timing["lookup_t0"]["draft_parts"]["draft_model_steps_timed"]
+    assert timing["lookup_t0"]["draft_parts"]["zero_cost_draft_in_loop"]
+    assert timing["fallback_t0"]["draft_parts"]["draft_model_steps_timed"]
+    assert timing["lookup_t0"]["costs"]["setup"][str(_records(os.path.join(
+        out, "lookup_t0", "examples.jsonl"))[0]["width"])]["draft"] == 0.0
+    for cell, recs in ((c, _records(os.path.join(out, c, "examples.jsonl"))) for c in timing):
+        costs = timing[cell]["costs"]
+        spec = 0.0
+        for r in recs:
+            s = r["spec"]
+            if cell == "lookup_t0":
+                assert s["draft_model_steps"] == 0 and s["two_token_draft_calls"] == 0
+            assert s["draft_model_steps"] <= 2 * s["target_calls"]
+            setup = costs["setup"][str(r["width"])]
+            spec += (setup["target"] + setup["draft"]
+                     + s["target_calls"] * (costs["verify"]["2"] + costs["round_loop"]["2"])
+                     + s["draft_model_steps"] * costs["draft_step"]
+                     + s["two_token_draft_calls"] * (costs["draft_two"] - costs["draft_step"]))
+        plain = sum(costs["setup"][str(r["width"])]["target"]
+                    + r["plain"]["target_calls"] * (costs["target_step"] + costs["plain_loop"])
+                    for r in recs)
+        row = rows[0] if cell == "lookup_t0" else rows[1]
+        assert row["speedup_predicted_full"] == pytest.approx(plain / spec, rel=1e-3)
+
+
+def test_alpha_table_lookup_is_teacher_forced(tmp_path, pair, spm):
+    """alpha of a prompt-lookup cell: along the target's greedy text, where the lookup run on
+    the input and the text so far proposes, the overlap is p(its token) -- greedy: whether it
+    is the target's next token; elsewhere 0, the positions counted apart as coverage. Equal
+    to a direct count with the lookup written out in Python."""
+    cell_file = _cell_file(tmp_path, pair, spm, "lookup_t0", draft="prompt_lookup")
+    out = str(tmp_path / "run")
+    row, = paper.run("alpha_table", [cell_file], out, bindings=["alpha_cell.batch_size = 2"],
+                     quiet=True)
+    target = st.load_checkpoint(pair["target"])
+    cli.parse_gin([cell_file], [], [])
+    try:
+        cell = build_cell("lookup_t0", cell_file)
+    finally:
+        gin.clear_config()
+    agree = found = total = 0
+    for ex in cell.examples:
+        x = np.array([ex["inputs"]], np.int32)
+        y = st.generate(target, x, max_decode_len=8)
+        y = y.tokens[0, :int(y.lengths[0])].tolist()
+        for j in range(len(y)):
+            x_1 = _lookup_first([t for t in ex["inputs"] if t != 0] + y[:j], j)
+            found += x_1 is not None
+            agree += x_1 == y[j]
+        total += len(y)
+    assert 0 < found < total  # the example has positions with and without a match
+    assert row["positions"] == total
+    assert row["alpha"] == pytest.approx(agree / total)
+    assert row["coverage"] == pytest.approx(found / total)
+    assert row["alpha_covered"] == pytest.approx(agree / found)

@@ -1,6 +1,6 @@
 """`speculative-t5` command line, launched the T5X way.
 
-  speculative-t5 demo [--family t5|gpt2] [--output_dir D] [--num_examples N] [--gamma G] [--temperature T]
+  speculative-t5 demo [--family t5|gpt2] [--drafts] [--output_dir D] [--num_examples N] [--gamma G] [--temperature T]
   speculative-t5 convert --from PATH --to PATH [--format native|hf] [--dtype bfloat16]
   speculative-t5 decode --target PATH [--draft PATH] (--input_file F --output F.jsonl | --prompt TEXT)
       [--vocab spiece.model] [--gamma 4] [--temperature 0] [--top_k 0] [--top_p 1]
@@ -66,7 +66,10 @@ COMMANDS: Dict[str, Command] = {
          ("--target", dict(help="target checkpoint instead of the shipped one (with --draft, --vocab)")),
          ("--draft", {}), ("--vocab", {}),
          ("--family", dict(choices=("t5", "gpt2"), help="t5 (docstrings, the default) or gpt2 "
-                           "(decoder-only: code completion)")))),
+                           "(decoder-only: code completion)")),
+         ("--drafts", dict(action="store_true", default=None, help="also the table draft kind x "
+                           "verification (prompt lookup, Fallback(lookup, draft), block at T=1; "
+                           "adds minutes)")))),
     "convert": Command(
         "convert a checkpoint (HF, T5X, native) to native or HF",
         "speculative_t5.commands.convert:convert",

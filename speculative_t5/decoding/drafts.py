@@ -3,7 +3,7 @@
 A draft is an object with
     state = init(input_ids [B, S], length, mask [B, S])   once per decode (a pytree; mask:
                                                           the input's real tokens)
-    Proposal(xs [B, G], qs [B, G, V], count [B], wide_first [B], state)
+    Proposal(xs [B, G], qs [B, G, V], count [B], wide_first [B], state[, model_steps [B]])
           = propose(state, seq [B, N], m [B], active [B], gamma, sampling, keys [B], limit)
 where seq is the loop's token buffer (seq[:, 0] the start token, seq[:, j] = y_j), m [B]
 the tokens emitted so far, active [B] the rows still decoding, keys [B] one PRNG key per
@@ -14,6 +14,8 @@ depend on x_1..x_i and anything before, never on x_{i+1} itself. qs[:, i] must b
 the distribution xs[:, i] was drawn from: the accept test divides by it, so any q the draft
 really sampled from keeps the decode exact (a one-hot q for a deterministic proposal too).
 Greedy decoding (`sampling.greedy`) compares drafts with the target's argmax and ignores qs.
+model_steps: the draft-model steps the round ran for each row (counted in the statistics,
+so a cost model charges a fallback's model only for the rounds it drafted); None: no model.
 
 Four drafts:
   ModelDraft     a smaller model's step function and cache (built by `generate`);
@@ -45,6 +47,7 @@ class Proposal(NamedTuple):
     count: Array        # [B] int32 drafts proposed (<= G)
     wide_first: Array   # [B] bool a draft model's first call fed more than one token
     state: Any          # the draft's state for the next round
+    model_steps: Any = None  # [B] int32 draft-model steps run for the row (None: no model)
 
 
 def _take(seq: Array, cols: Array) -> Array:
@@ -170,8 +173,9 @@ class ModelDraft(NamedTuple):
             c = jax.lax.fori_loop(1, gamma, lambda i, c: draft_step(c), c)
         else:
             c = jax.lax.while_loop(drafting, draft_step, c)
-        _, state, qs, xs, count, _ = c
-        return Proposal(xs, qs, count, active & (behind > 1), state)
+        steps, state, qs, xs, count, _ = c
+        return Proposal(xs, qs, count, active & (behind > 1), state,
+                        jnp.where(active, steps, 0).astype(jnp.int32))
 
 
 @jax.tree_util.register_pytree_node_class
@@ -205,16 +209,22 @@ class Fallback:
         a = self.first.propose(state[0], seq, m, active, gamma, sampling, k_first, limit)
         use = a.count > 0                                                      # [B]
 
-        def skip(then_state):
-            z = _full(0, seq.shape[0])
-            return Proposal(a.xs, a.qs, z, z.astype(bool), then_state)
+        z = _full(0, seq.shape[0])
 
-        b = jax.lax.cond(jnp.all(use | ~active), skip,
-                         lambda s: self.then.propose(s, seq, m, active & ~use, gamma, sampling,
-                                                     k_then, limit), state[1])
+        def steps(p: Proposal) -> Array:
+            return z if p.model_steps is None else p.model_steps
+
+        def skip(then_state):
+            return Proposal(a.xs, a.qs, z, z.astype(bool), then_state, z)
+
+        def then(then_state):
+            b = self.then.propose(then_state, seq, m, active & ~use, gamma, sampling, k_then, limit)
+            return b._replace(model_steps=steps(b))
+
+        b = jax.lax.cond(jnp.all(use | ~active), skip, then, state[1])
         pick = lambda x, y: jnp.where(use.reshape(use.shape + (1,) * (x.ndim - 1)), x, y)  # noqa: E731
         return Proposal(pick(a.xs, b.xs), pick(a.qs, b.qs), pick(a.count, b.count),
-                        b.wide_first, (a.state, b.state))
+                        b.wide_first, (a.state, b.state), steps(a) + b.model_steps)
 
 
 @jax.tree_util.register_pytree_node_class

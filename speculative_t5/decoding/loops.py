@@ -146,7 +146,8 @@ def speculative_decode(target: StepFn, target_cache: Any, draft, draft_state: An
         seq, m, done, emitted = emit(seq, m, s.done, new, n + 1, eos_id, max_len)
         proposed = steps[:, :gamma] < d.count[:, None]                         # [B, G]
         reached = jnp.pad(accepted[:, :-1], ((0, 0), (1, 0)), constant_values=True) & proposed
-        stats = record_call(s.stats, ~s.done, emitted, d.count, accepted, reached, d.wide_first)
+        stats = record_call(s.stats, ~s.done, emitted, d.count, accepted, reached, d.wide_first,
+                            d.model_steps)
         return SpeculativeState(seq, m, done, tcache, d.state, rng, stats)
 
     def plain_round(s: SpeculativeState) -> SpeculativeState:

@@ -66,6 +66,7 @@ class GenerateOutput:
                 "draft_calls": int(s["draft_calls"][i]),
                 "tokens_per_call_hist": np.asarray(s["tokens_per_call_hist"][i]).tolist(),
                 "two_token_draft_calls": int(s["two_token_draft_calls"][i]),
+                "draft_model_steps": int(s["draft_model_steps"][i]),
                 "drafts_per_round_hist": np.asarray(s["drafts_per_round_hist"][i]).tolist(),
                 "accepted": int(np.sum(s["accepted_at"][i]))}
 
@@ -88,7 +89,7 @@ class GenerateOutput:
 
 def init_stats(batch: int, gamma: int) -> Dict[str, Array]:
     z = jnp.zeros((batch,), jnp.int32)
-    return {"target_calls": z, "draft_calls": z, "two_token_draft_calls": z,
+    return {"target_calls": z, "draft_calls": z, "two_token_draft_calls": z, "draft_model_steps": z,
             "tokens_per_call_hist": jnp.zeros((batch, gamma + 1), jnp.int32),
             "drafts_per_round_hist": jnp.zeros((batch, gamma + 1), jnp.int32),
             "accepted_at": jnp.zeros((batch, gamma), jnp.int32),
@@ -97,9 +98,10 @@ def init_stats(batch: int, gamma: int) -> Dict[str, Array]:
 
 def record_call(stats: Dict[str, Array], active: Array, emitted: Array, drafts=0,
                 accepted: Array | None = None, reached: Array | None = None,
-                two_token: Array | None = None) -> Dict[str, Array]:
+                two_token: Array | None = None, model_steps: Array | None = None) -> Dict[str, Array]:
     """Count one target call for the rows that were active, and the drafts [B] each proposed
-    before it (`two_token` [B] when a draft model's first call fed more than one token)."""
+    before it (`two_token` [B] when a draft model's first call fed more than one token;
+    `model_steps` [B] the draft-model steps run for it: a zero-cost draft runs none)."""
     a = active.astype(jnp.int32)                                               # [B]
     size = stats["tokens_per_call_hist"].shape[1]                             # gamma + 1
     hist = jax.nn.one_hot(emitted - 1, size, dtype=jnp.int32) * a[:, None]
@@ -112,4 +114,6 @@ def record_call(stats: Dict[str, Array], active: Array, emitted: Array, drafts=0
         new["accepted_at"] = stats["accepted_at"] + accepted.astype(jnp.int32) * a[:, None]
         new["reached_at"] = stats["reached_at"] + reached.astype(jnp.int32) * a[:, None]
         new["two_token_draft_calls"] = stats["two_token_draft_calls"] + two_token.astype(jnp.int32) * a
+        if model_steps is not None:
+            new["draft_model_steps"] = stats["draft_model_steps"] + model_steps * a
     return new

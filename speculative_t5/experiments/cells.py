@@ -28,8 +28,9 @@ Example = Dict[str, Any]  # {id, inputs: [int] (EOS-terminated), input_text, ref
 class Cell:
     name: str
     task: str
-    target: str                   # checkpoint paths (HF, T5X or native; gs:// works)
-    draft: str
+    target: str                   # checkpoint path (HF, T5X or native; gs:// works)
+    draft: str                    # a draft spec (`checkpoints.load_draft`): a checkpoint
+                                  # path, 'prompt_lookup[:MAX[:MIN]]' or 'prompt_lookup,PATH'
     draft_name: str               # the label in tables ('T5-small')
     vocabulary: str
     examples: Tuple[Example, ...]
@@ -60,19 +61,21 @@ class Cell:
         return pad_to([e["inputs"] for e in examples], width)
 
     def load_models(self):
-        """(target, draft, vocabulary), checked to fit together. On several devices the
-        models load into the cell's partitioner's shards (the draft replicated unless it
-        says otherwise), and every decode of the cell runs model-parallel over them."""
-        from speculative_t5.checkpoints import load_checkpoint
-        from speculative_t5.generate import check_pair
+        """(target, draft, vocabulary), checked to fit together. The draft is what the
+        cell's spec names (`checkpoints.load_draft`): a draft Model, a PromptLookup, or a
+        Fallback of the two. On several devices the models load into the cell's
+        partitioner's shards (a draft model replicated unless it says otherwise), and every
+        decode of the cell runs model-parallel over them."""
+        from speculative_t5.checkpoints import load_checkpoint, load_draft
+        from speculative_t5.generate import check_draft
         part = self.partitioner if self.partitioner and self.partitioner.mesh.size > 1 else None
         target = load_checkpoint(self.target, dtype=self.dtype, partitioner=part,
                                  activation_dtype=self.activation_dtype)
-        draft = load_checkpoint(self.draft, dtype=self.dtype, partitioner=part, role="draft",
-                                activation_dtype=self.activation_dtype)
+        draft = load_draft(self.draft, dtype=self.dtype, partitioner=part,
+                           activation_dtype=self.activation_dtype)
         vocab = Vocabulary(self.vocabulary)
         try:  # before any timing, not at the first decode
-            check_pair(target, draft)
+            draft = check_draft(target, draft)
             vocab.check_fits(target.config.vocab_size)
         except ValueError as e:
             raise ValueError(f"cell {self.name}: {e}") from None
@@ -120,11 +123,19 @@ def paper_cell(name: str, target: str = gin.REQUIRED, draft: str = gin.REQUIRED,
                paper_alpha: Optional[float] = None,
                paper_speedup: Optional[float] = None, input_width: Optional[int] = None,
                activation_dtype: Optional[str] = None, verification: str = "token") -> Cell:
-    """Build and check a Cell from the gin bindings in force."""
+    """Build and check a Cell from the gin bindings in force. draft: a draft spec as
+    `decode --draft` takes it (`checkpoints.load_draft`): a checkpoint path,
+    'prompt_lookup[:MAX[:MIN]]', or 'prompt_lookup,PATH' (Fallback: the lookup where it
+    matches, the model elsewhere); checked here, loaded by `Cell.load_models`."""
+    from speculative_t5.checkpoints import draft_parts
     from speculative_t5.data.tasks import METRICS
     for field, value in (("target", target), ("draft", draft), ("vocabulary", vocabulary)):
         if not isinstance(value, str) or not value:
             raise ValueError(f"cell {name}: {field} must be a path, got {value!r}")
+    try:
+        draft_parts(draft)
+    except ValueError as e:
+        raise ValueError(f"cell {name}: {e}") from None
     if not isinstance(gamma, int) or gamma < 1:
         raise ValueError(f"cell {name}: gamma must be an int >= 1, got {gamma!r}")
     if not isinstance(max_decode_len, int) or max_decode_len < 1:
@@ -154,6 +165,17 @@ def paper_cell(name: str, target: str = gin.REQUIRED, draft: str = gin.REQUIRED,
                 paper={"alpha": paper_alpha, "speedup": paper_speedup}, input_width=input_width,
                 activation_dtype=activation_dtype, partitioner=Partitioner(),
                 verification=verification)
+
+
+@gin.configurable
+def fallback_draft(first: str = "prompt_lookup", then: str = gin.REQUIRED) -> str:
+    """The draft spec 'FIRST,THEN' (`Fallback(first, then)`) from its two parts, so a gin
+    config can name a part by reference: `fallback_draft.then = @draft/demo_model_dir()`."""
+    for field, value in (("first", first), ("then", then)):
+        if not isinstance(value, str) or not value or "," in value:
+            raise ValueError(f"fallback_draft.{field} must be one draft spec (a path or "
+                             f"'prompt_lookup[:MAX[:MIN]]'), got {value!r}")
+    return f"{first},{then}"
 
 
 @gin.configurable

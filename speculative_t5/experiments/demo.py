@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import gin
 import jax
@@ -21,9 +21,46 @@ import jax
 from speculative_t5.experiments import drivers
 from speculative_t5.experiments.rundir import RunDir
 
-CELLS = {"docstrings_t0": ("argmax (temperature 0)", "speculative_greedy"),
-         "docstrings_t1": ("temperature 1", "speculative_sampling")}
-RUN_DIRS = ("cells", "walltime", "gamma_sweep")
+PAIR = "the shipped demo pair (16.9M target, 0.92M draft)"
+TASK = "task (held-out stdlib functions -> docstring sentence)"
+
+
+class DemoCell(NamedTuple):
+    header: Tuple[str, ...]         # the config's comment lines
+    blocks: Tuple[str, ...]         # gin/decoding/ blocks after the task
+    lines: Tuple[str, ...] = ()     # the cell's own bindings (its draft)
+    draft_macro: Optional[str] = "DRAFT_CHECKPOINT"  # where --draft goes (None: no model)
+
+
+def _pair_header(setting: str) -> Tuple[str, ...]:
+    return (f"# The drivers on this machine: {PAIR} on its own",
+            f"# {TASK}, {setting}, float32.")
+
+
+CELLS = {"docstrings_t0": DemoCell(_pair_header("argmax (temperature 0)"), ("speculative_greedy",)),
+         "docstrings_t1": DemoCell(_pair_header("temperature 1"), ("speculative_sampling",))}
+# The draft table (`demo --drafts`): draft kind x verification, beside the model draft above.
+DRAFT_CELLS = {
+    "docstrings_lookup_t0": DemoCell(
+        ("# The demo target with no draft model: prompt lookup (copies what followed the last",
+         "# 1-3 tokens' most recent earlier occurrence in the input or the output), argmax.",
+         "#   speculative-t5 walltime_table --cell configs/demo/docstrings_lookup_t0.gin --output_dir runs/lookup"),
+        ("speculative_greedy",),
+        ("DRAFT_CHECKPOINT = 'prompt_lookup:3:1'", "DRAFT_NAME = 'prompt lookup'"), None),
+    "docstrings_fallback_t0": DemoCell(
+        ("# The demo pair as Fallback(prompt lookup, demo draft): per row and round the lookup's",
+         "# copy where it matches, the draft model's tokens elsewhere; argmax.",
+         "#   speculative-t5 walltime_table --cell configs/demo/docstrings_fallback_t0.gin --output_dir runs/fallback"),
+        ("speculative_greedy",),
+        ("DRAFT_CHECKPOINT = @fallback_draft()", "fallback_draft.first = 'prompt_lookup:3:1'",
+         "fallback_draft.then = @draft/demo_model_dir()",
+         "DRAFT_NAME = 'prompt lookup, else demo draft'"), "fallback_draft.then"),
+    "docstrings_t1_block": DemoCell(
+        ("# The T = 1 demo cell with block verification (Sun et al. 2025) instead of token-wise:",
+         "#   speculative-t5 walltime_table --cell configs/demo/docstrings_t1.gin \\",
+         "#       --cell configs/demo/docstrings_t1_block.gin --output_dir runs/block"),
+        ("speculative_sampling", "block_verification"))}
+RUN_DIRS = ("cells", "walltime", "gamma_sweep", "drafts")
 FAMILIES = ("t5", "gpt2")
 
 
@@ -31,19 +68,27 @@ def cell_text(name: str, gamma: int = 4, num_examples: int = 32, temperature: fl
               target: Optional[str] = None, draft: Optional[str] = None,
               vocab: Optional[str] = None) -> str:
     """A demo cell's gin config; with the defaults, the text of configs/demo/<name>.gin."""
-    setting, decoding = CELLS[name]
-    lines = ["# The drivers on this machine: the shipped demo pair (16.9M target, 0.92M draft) on its own",
-             f"# task (held-out stdlib functions -> docstring sentence), {setting}, float32.",
-             "include 'runs/paper.gin'", "include 'tasks/demo_docstrings.gin'",
-             f"include 'decoding/{decoding}.gin'", "", f"GAMMA = {gamma}",
-             f"NUM_EXAMPLES = {num_examples}"]
-    if name == "docstrings_t1" and temperature != 1.0:
+    cell = {**CELLS, **DRAFT_CELLS}[name]
+    lines = [*cell.header, "include 'runs/paper.gin'", "include 'tasks/demo_docstrings.gin'",
+             *(f"include 'decoding/{b}.gin'" for b in cell.blocks), "", f"GAMMA = {gamma}",
+             f"NUM_EXAMPLES = {num_examples}", *cell.lines]
+    if name.endswith(("_t1", "_t1_block")) and temperature != 1.0:
         lines.append(f"TEMPERATURE = {float(temperature)!r}")
-    for macro, path in (("TARGET_CHECKPOINT", target), ("DRAFT_CHECKPOINT", draft),
+    for macro, path in (("TARGET_CHECKPOINT", target), (cell.draft_macro, draft),
                         ("VOCABULARY", vocab)):
-        if path:
+        if path and macro:
             lines.append(f"{macro} = {os.path.abspath(path)!r}")
     return "\n".join(lines) + "\n"
+
+
+def _write_cells(output_dir: str, names, *settings) -> List[str]:
+    """The named cells' configs (`cell_text(name, *settings)`) in output_dir/cells/ -> paths."""
+    paths = []
+    for name in names:
+        paths.append(os.path.join(output_dir, "cells", name + ".gin"))
+        with open(paths[-1], "w") as f:
+            f.write(cell_text(name, *settings))
+    return paths
 
 
 def _fresh(output_dir: str) -> None:
@@ -60,9 +105,12 @@ def demo(output_dir: str = "runs/demo_output", num_examples: int = 32, gamma: in
          temperature: float = 1.0, gammas: Sequence[int] = (1, 2, 4, 7),
          sweep_examples: int = 16, timing_rounds: int = 10, target: Optional[str] = None,
          draft: Optional[str] = None, vocab: Optional[str] = None, show: int = 3,
-         family: str = "t5", quiet: bool = False) -> Dict:
+         family: str = "t5", drafts: bool = False, quiet: bool = False) -> Dict:
     """Run the demo; returns the summary also written to output_dir/summary.json.
-    family 'gpt2': the decoder-only demo on the shipped GPT-2 pair (`demo_gpt2`)."""
+    family 'gpt2': the decoder-only demo on the shipped GPT-2 pair (`demo_gpt2`).
+    drafts: also run `walltime_table` over DRAFT_CELLS (prompt lookup, Fallback(lookup,
+    draft), block verification at T = 1) for the table draft kind x verification (opt-in:
+    it adds minutes to the demo)."""
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
     if family == "gpt2":
@@ -74,12 +122,7 @@ def demo(output_dir: str = "runs/demo_output", num_examples: int = 32, gamma: in
     if not isinstance(num_examples, int) or num_examples < 1:
         raise ValueError(f"num_examples must be an int >= 1, got {num_examples!r}")
     _fresh(output_dir)
-    cells = []
-    for name in CELLS:
-        path = os.path.join(output_dir, "cells", name + ".gin")
-        with open(path, "w") as f:
-            f.write(cell_text(name, gamma, num_examples, temperature, target, draft, vocab))
-        cells.append(path)
+    cells = _write_cells(output_dir, CELLS, gamma, num_examples, temperature, target, draft, vocab)
     rounds = [f"walltime_cell.timing_rounds = {timing_rounds}",
               f"gamma_sweep_cell.timing_rounds = {timing_rounds}"]
     greedy, sampled = drivers.run(
@@ -90,11 +133,17 @@ def demo(output_dir: str = "runs/demo_output", num_examples: int = 32, gamma: in
         bindings=[f"gamma_sweep_cell.gammas = {sorted(set(gammas))}",
                   "gamma_sweep_cell.one_width = True",
                   f"gamma_sweep_cell.max_examples = {sweep_examples}", *rounds], quiet=quiet)
+    extra = _draft_cells(output_dir, gamma, num_examples, temperature, target, draft, vocab,
+                         rounds, quiet) if drafts else None
     shutil.copy(os.path.join(output_dir, "walltime", "docstrings_t0", "tokens_per_call.png"),
                 os.path.join(output_dir, "tokens_per_call.png"))
     shutil.copy(os.path.join(output_dir, "gamma_sweep", "docstrings_t0", "speedup_vs_gamma.png"),
                 os.path.join(output_dir, "speedup_vs_gamma.png"))
     summary = _summary(greedy, sampled, sweep, output_dir, temperature)
+    if extra is not None:
+        rows, seconds = extra
+        summary["drafts"] = [_draft_row(r) for r in (greedy, sampled, *rows)]
+        summary["drafts_seconds"] = seconds
     summary["seconds"] = time.perf_counter() - t_start
     examples = RunDir(os.path.join(output_dir, "walltime", "docstrings_t0")).records()
     examples = sorted(examples, key=lambda r: r["index"])[:show]
@@ -105,6 +154,27 @@ def demo(output_dir: str = "runs/demo_output", num_examples: int = 32, gamma: in
     if not quiet:
         _print(summary, examples, output_dir)
     return summary
+
+
+def _draft_cells(output_dir, gamma, num_examples, temperature, target, draft, vocab, rounds,
+                 quiet):
+    """walltime_table over the draft cells -> (their rows, the seconds it took)."""
+    t0 = time.perf_counter()
+    cells = _write_cells(output_dir, DRAFT_CELLS, gamma, num_examples, temperature, target,
+                         draft, vocab)
+    rows = drivers.run("walltime_table", cells, os.path.join(output_dir, "drafts"),
+                       bindings=["walltime_cell.t5x_baseline = False", *rounds], quiet=quiet)
+    return rows, time.perf_counter() - t0
+
+
+DRAFT_KEYS = ("alpha", "coverage", "tokens_per_target_call", "c", "v", "speedup_measured",
+              "speedup_predicted_full", "speedup_predicted", "identical_fraction")
+
+
+def _draft_row(row: Dict) -> Dict:
+    """A walltime row as a line of the draft table."""
+    return {"cell": row["cell"], "draft": row["draft"], "verification": row["verification"],
+            "temperature": row["temperature"], **{k: row.get(k) for k in DRAFT_KEYS}}
 
 
 def _gpt2(output_dir, num_examples, gamma, temperature, timing_rounds, target, draft, vocab,
@@ -176,6 +246,23 @@ def _report(s: Dict, examples: List[Dict]) -> str:
         lines.append(f"| {r['gamma']} | {r['tokens_per_target_call']:.2f} | {r['v']:.2f} | "
                      f"{r['speedup_measured']:.2f} | {r['speedup_predicted_full']:.2f} | "
                      f"{r['speedup_predicted']:.2f} | {r['speedup_predicted_paper']:.2f} |")
+    if "drafts" in s:
+        lines += ["", "## Draft kind x verification", "",
+                  f"walltime_table over configs/demo/ cells, gamma {s['gamma']}, "
+                  f"{s['num_examples']} inputs each (drafts/ beside walltime/; "
+                  f"{s['drafts_seconds']:.0f} s). alpha of prompt lookup: teacher-forced along "
+                  "the target's text, no proposal counted as 0 (coverage: where it proposes).",
+                  "", "| draft | verification | T | alpha | coverage | tokens/target call | c | "
+                  "speedup measured | cost model | eq. (5), measured v | identical to plain |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in s["drafts"]:
+            def f(v, spec=".2f"):
+                return "" if v is None else format(v, spec)
+            lines.append(f"| {r['draft']} | {r['verification']} | {r['temperature']:g} | "
+                         f"{f(r['alpha'], '.3f')} | {f(r['coverage'])} | "
+                         f"{f(r['tokens_per_target_call'])} | {f(r['c'], '.3f')} | "
+                         f"{f(r['speedup_measured'])} | {f(r['speedup_predicted_full'])} | "
+                         f"{f(r['speedup_predicted'])} | {f(r['identical_fraction'])} |")
     lines += ["", "![tokens per call](tokens_per_call.png) ![speedup vs gamma](speedup_vs_gamma.png)",
               "", "## Examples (greedy)", ""]
     for ex in examples:
@@ -210,6 +297,10 @@ def _print(s: Dict, examples: List[Dict], output_dir: str) -> None:
         f"target call, speedup measured {t1['speedup_measured']:.2f}x; predicted "
         f"{t1['speedup_predicted_full']:.2f}x (cost model: {t1['measured_over_full']:.2f}) / "
         f"{t1['speedup_predicted']:.2f}x / {t1['speedup_predicted_paper']:.2f}x\n"
+        + "".join(f"{r['draft']}, {r['verification']}, T={r['temperature']:g}: "
+                  f"{r['tokens_per_target_call']:.2f} tokens per target call, speedup measured "
+                  f"{r['speedup_measured']:.2f}x, cost model {r['speedup_predicted_full']:.2f}x\n"
+                  for r in s.get("drafts", ())) +
         f"wrote {output_dir}/summary.json, report.md, tokens_per_call.png, speedup_vs_gamma.png "
         f"and the drivers' run directories ({s['seconds']:.0f} s, {s['compile_seconds']:.0f} s "
         f"of it compiling)")

@@ -15,6 +15,7 @@ from speculative_t5.experiments.cells import Cell
 from speculative_t5.experiments.rundir import RunDir
 from speculative_t5.measure import analysis
 from speculative_t5.measure.alpha import alpha_of, overlap_sums
+from speculative_t5.measure.costs import draft_model
 
 
 def _check_gammas(gammas) -> List[int]:
@@ -53,8 +54,9 @@ def _measure(cell: Cell, run: RunDir, todo: List, gammas: List[int], examples: L
              timing_rounds: int, quiet: bool) -> None:
     target, draft, _ = cell.load_models()
     timing = timed.cell_costs(run, cell, target, draft, gammas, examples, timing_rounds)
-    timing["c_hat"] = (analysis.decode_macs_per_token(draft.config)
-                       / analysis.decode_macs_per_token(target.config))
+    model = draft_model(draft)  # a zero-cost draft does no arithmetic worth counting
+    timing["c_hat"] = 0.0 if model is None else (analysis.decode_macs_per_token(model.config)
+                                                 / analysis.decode_macs_per_token(target.config))
     timed.save_timing(run, timing)
     variants = {"plain": {}, **{str(g): {"draft": draft, "gamma": g,
                                          "verification": cell.verification} for g in gammas}}

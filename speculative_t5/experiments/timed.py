@@ -13,7 +13,7 @@ import jax
 
 from speculative_t5.experiments.cells import Cell
 from speculative_t5.experiments.rundir import RunDir
-from speculative_t5.measure.costs import Costs, measure_costs
+from speculative_t5.measure.costs import Costs, measure_costs, timed_parts
 from speculative_t5.measure.timing import decoder_step_bytes, timed_decodes
 
 
@@ -52,7 +52,7 @@ def cell_costs(run: RunDir, cell: Cell, target, draft, gammas: Sequence[int],
     if key not in _MEASURED:  # cells of one grid run with the same models and lengths share them
         _MEASURED[key] = measure_costs(target, draft, *key[3:])
     costs = _MEASURED[key]
-    timing = {"costs": costs.to_json(), "c": costs.c,
+    timing = {"costs": costs.to_json(), "c": costs.c, "draft_parts": timed_parts(draft),
               "v": {str(g): costs.v(g) for g in gammas},
               "step_ms": {"target_1": 1e3 * costs.target_step, "draft_1": 1e3 * costs.draft_step},
               "loop_ms": {"plain_step": 1e3 * costs.plain_loop,
@@ -70,7 +70,8 @@ def predicted_seconds(costs, gamma: int, recs: List[Dict[str, Any]]) -> Dict[str
     """The cost model's plain and speculative walltime of these records' decodes."""
     return {"plain": sum(costs.plain_seconds(r["width"], r["plain"]["target_calls"]) for r in recs),
             "spec": sum(costs.speculative_seconds(r["width"], gamma, r["spec"]["target_calls"],
-                                                  r["spec"]["two_token_draft_calls"]) for r in recs)}
+                                                  r["spec"]["two_token_draft_calls"],
+                                                  r["spec"].get("draft_model_steps")) for r in recs)}
 
 
 def timed_examples(cell: Cell, run: RunDir, todo: Sequence[tuple], target, variants: Dict,

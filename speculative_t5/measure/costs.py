@@ -14,14 +14,32 @@ draft). Steps are timed inside one compiled loop, as the decode loop runs them
 speculative round (sampling, the accept test, writing tokens, statistics), timed by running
 the loops with model steps that cost nothing (`timing.loop_timer`). Rounds, calls and two-token calls are counted by the decode itself.
 Eq. (5) is the special case with no set-up, unbounded text (eq. 1) and no two-token calls.
+
+Zero-cost drafts (`decoding.drafts`): a PromptLookup (or Bigram) has no model, so c = 0,
+T_d2 = 0 and no draft set-up; its proposing is work of the loop, so L_gamma is timed with
+the draft object itself inside the free loop (a lookup over a random input of the steps'
+width and the tokens emitted). A Fallback(PromptLookup, model): c, T_d2 and the set-up are
+the model's, L_gamma is timed with the real lookup and a free model, and the model's steps
+are charged as the decode counts them (`draft_model_steps`: gamma per round the model
+drafted, none for a round the lookup served), in place of gamma per round:
+
+    speculative  = ... + rounds * (v T + L_gamma) + draft_model_steps * c T + ...
+
+Left out for a Fallback: after lookup rounds its model catches up in (gamma+1)-token feeds,
+charged as one two-token call (T_d2 - c T) each. `timed_parts` says which parts a cell's
+draft had timed (timing.json keeps it).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Sequence
+from typing import Any, Dict, Optional, Sequence
 
+from speculative_t5.decoding.drafts import Fallback
 from speculative_t5.decoding.sampling import SamplingConfig
-from speculative_t5.measure.timing import interleaved_medians, loop_timer, setup_timer, step_times
+from speculative_t5.generate import draft_models
+from speculative_t5.measure.timing import (interleaved_medians, loop_kind, loop_timer,
+                                           setup_timer, step_times)
+from speculative_t5.model.api import Model
 
 
 @dataclasses.dataclass
@@ -47,11 +65,15 @@ class Costs:
     def plain_seconds(self, width: int, calls: int) -> float:
         return self.setup[width]["target"] + calls * (self.target_step + self.plain_loop)
 
-    def speculative_seconds(self, width: int, gamma: int, rounds: int,
-                            two_token_calls: int) -> float:
+    def speculative_seconds(self, width: int, gamma: int, rounds: int, two_token_calls: int,
+                            model_steps: Optional[int] = None) -> float:
+        """model_steps: the draft-model steps the decode ran (default gamma per round, what a
+        draft model alone runs)."""
         setup = self.setup[width]
+        model_steps = rounds * gamma if model_steps is None else model_steps
         return (setup["target"] + setup["draft"]
-                + rounds * (self.verify[gamma] + gamma * self.draft_step + self.round_loop[gamma])
+                + rounds * (self.verify[gamma] + self.round_loop[gamma])
+                + model_steps * self.draft_step
                 + two_token_calls * (self.draft_two - self.draft_step))
 
     def to_json(self) -> Dict[str, Any]:
@@ -70,24 +92,60 @@ class Costs:
         return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
 
 
+def draft_model(draft) -> Optional[Model]:
+    """The model a draft runs (itself, or a Fallback's), None for a zero-cost draft."""
+    models = draft_models(draft)
+    if len(models) > 1:
+        raise ValueError(f"the cost model times one draft model, {draft!r} holds {len(models)}")
+    return models[0] if models else None
+
+
+def draft_label(draft) -> str:
+    """A short description of a draft (a Model's config class and size, not its weights)."""
+    if isinstance(draft, Fallback):
+        return f"Fallback({draft_label(draft.first)}, {draft_label(draft.then)})"
+    if isinstance(draft, Model):
+        return f"{type(draft.config).__name__} model ({draft.num_params():,} parameters)"
+    return repr(draft)
+
+
+def timed_parts(draft) -> Dict[str, Any]:
+    """What `measure_costs` timed for this draft, for timing.json."""
+    model = draft_model(draft)
+    proposing = ("draft-model steps (c T, T_d2), their set-up; the loop (L_gamma) with free "
+                 "model steps" if loop_kind(draft)[0] == "model" else
+                 "the zero-cost draft itself inside the loop timer (L_gamma: its work on a "
+                 "random input of the steps' width), with free model steps for a fallback's model")
+    return {"draft": draft_label(draft), "draft_model_steps_timed": model is not None,
+            "zero_cost_draft_in_loop": loop_kind(draft)[0] != "model",
+            "proposing": proposing,
+            "left_out": ("a fallback model's catch-up feeds after lookup rounds are charged as "
+                         "two-token calls" if isinstance(draft, Fallback) else None)}
+
+
 def measure_costs(target, draft, gammas: Sequence[int], widths: Sequence[int], step_width: int,
                   cache_len: int, rounds: int = 20,
                   sampling: SamplingConfig = SamplingConfig()) -> Costs:
     """Time every part of the model on this device: steps at input width `step_width` and
     cache length `cache_len`, set-up at every width in `widths`, the loops' own work with
-    `sampling`'s static top-k / top-p; interleaved medians."""
-    specs = {"target_1": (target, 1), "draft_1": (draft, 1), "draft_2": (draft, 2),
-             **{f"target_{g + 1}": (target, g + 1) for g in gammas}}
+    `sampling`'s static top-k / top-p; interleaved medians. draft: a draft Model, a
+    zero-cost draft (no model: c = 0, its work timed in the loop) or a Fallback of the two."""
+    model = draft_model(draft)
+    specs = {"target_1": (target, 1), **{f"target_{g + 1}": (target, g + 1) for g in gammas}}
+    if model is not None:
+        specs.update(draft_1=(model, 1), draft_2=(model, 2))
     steps = step_times(specs, 1, step_width, cache_len, cache_len // 2, rounds)
     timers = {(w, name): setup_timer(m, w, cache_len)
-              for w in widths for name, m in (("target", target), ("draft", draft))}
+              for w in widths for name, m in (("target", target), ("draft", model)) if m is not None}
     setup = interleaved_medians(timers, rounds, warmup=2)
-    loops = {g: loop_timer(target.config.vocab_size, g, sampling, cache_len) for g in [0, *gammas]}
+    loops = {g: loop_timer(target.config.vocab_size, g, sampling, cache_len,
+                           draft=draft if g else None, width=step_width) for g in [0, *gammas]}
     loop = interleaved_medians({g: run for g, (run, _) in loops.items()}, rounds, warmup=1)
     per_call = {g: loop[g] / calls for g, (_, calls) in loops.items()}
-    return Costs(target_step=steps["target_1"], draft_step=steps["draft_1"],
-                 draft_two=steps["draft_2"],
+    return Costs(target_step=steps["target_1"], draft_step=steps.get("draft_1", 0.0),
+                 draft_two=steps.get("draft_2", 0.0),
                  verify={g: steps[f"target_{g + 1}"] for g in gammas},
-                 setup={w: {name: setup[(w, name)] for name in ("target", "draft")} for w in widths},
+                 setup={w: {name: setup.get((w, name), 0.0) for name in ("target", "draft")}
+                        for w in widths},
                  plain_loop=per_call[0], round_loop={g: per_call[g] for g in gammas},
                  step_width=step_width, cache_len=cache_len)

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative_t5.calibration import interleaved_medians, step_timer, step_times  # noqa: F401
-from speculative_t5.decoding.drafts import ModelDraft
+from speculative_t5.decoding.drafts import Fallback, ModelDraft
 from speculative_t5.decoding.loops import plain_decode, speculative_decode
 from speculative_t5.decoding.sampling import SamplingConfig, row_keys
 from speculative_t5.generate import generate
@@ -31,33 +31,62 @@ def setup_timer(model: Model, width: int, cache_len: int, seed: int = 0) -> Call
     return lambda: init_cache(model, x, cache_len)
 
 
-@functools.partial(jax.jit, static_argnames=("gamma", "max_len", "top_k", "top_p"))
-def _free_loop(logits_row, rng, temperature, *, gamma: int, max_len: int, top_k: int,
-               top_p: float):
+@functools.partial(jax.jit, static_argnames=("gamma", "max_len", "top_k", "top_p", "kind"))
+def _free_loop(logits_row, rng, temperature, input_ids, zero_cost, *, gamma: int, max_len: int,
+               top_k: int, top_p: float, kind: str = "model"):
     """A decode loop (plain when gamma is 0) whose model steps cost nothing: every call
-    returns `logits_row` [V] for every token. Target and draft then agree, so every draft
-    is accepted; no EOS (id -1), so the loop runs max_len tokens. What it costs is the
-    loop's own work: sampling, the accept test, writing tokens, statistics, control flow."""
+    returns `logits_row` [V] for every token. No EOS (id -1), so the loop runs max_len
+    tokens. What it costs is the loop's own work: sampling, the accept test, writing tokens,
+    statistics, control flow, and a zero-cost draft's own proposing. kind: 'model' (a free
+    draft model: target and draft agree, every draft is accepted), 'zero_cost' (the draft
+    object `zero_cost` itself, e.g. a PromptLookup over input_ids [1, W]) or 'fallback'
+    (Fallback(zero_cost, a free draft model))."""
     def step(cache, tokens, pos):                                              # -> [B, K, V]
         return jnp.broadcast_to(logits_row, tokens.shape + logits_row.shape), cache
     sampling = SamplingConfig(temperature, top_k, top_p)
     cache, rng = jnp.zeros((), jnp.int32), row_keys(rng, 1)
     if gamma == 0:
         return plain_decode(step, cache, 1, max_len, -1, sampling, rng)
-    draft = ModelDraft(step, lambda ids, length: cache)
-    state = draft.init(jnp.zeros((1, 1), jnp.int32), max_len + gamma + 1)
+    free = ModelDraft(step, lambda ids, length: cache, catch_up=kind == "fallback")
+    draft = {"model": free, "zero_cost": zero_cost,
+             "fallback": Fallback(zero_cost, free)}[kind]
+    state = draft.init(input_ids, max_len + gamma + 1)
     return speculative_decode(step, cache, draft, state, 1, max_len, -1, gamma, sampling, rng)
 
 
+def loop_kind(draft) -> Tuple[str, Any]:
+    """How the loop timer runs a cell's draft: ('model', None) for a draft Model (its steps
+    free), ('zero_cost', draft) for a zero-cost draft (PromptLookup, Bigram: run as it is),
+    ('fallback', first) for Fallback(zero-cost first, Model)."""
+    if isinstance(draft, Model):
+        return "model", None
+    if isinstance(draft, Fallback):
+        if isinstance(draft.then, Model) and not isinstance(draft.first, (Model, Fallback)):
+            return "fallback", draft.first
+        raise ValueError(f"the loop timer runs Fallback(zero-cost draft, Model) only, got {draft!r}")
+    if not hasattr(draft, "propose"):
+        raise TypeError(f"not a draft: {draft!r}")
+    return "zero_cost", draft
+
+
 def loop_timer(vocab_size: int, gamma: int, sampling: SamplingConfig, max_len: int = 64,
-               seed: int = 0) -> Tuple[Callable[[], Any], int]:
+               seed: int = 0, draft=None, width: int = 1) -> Tuple[Callable[[], Any], int]:
     """(a no-argument function running one batch-1 decode loop of `max_len` tokens with
     free model steps, the number of target calls it makes): divide the first's time by the
-    second for the loop's own work per plain step (gamma 0) or per speculative round."""
-    row = jnp.asarray(np.random.RandomState(seed).randn(vocab_size), jnp.float32)
+    second for the loop's own work per plain step (gamma 0) or per speculative round.
+    draft: the decode's draft (default: a model); a zero-cost one is run as it is (a
+    PromptLookup searches a random [1, width] input and the tokens emitted, so its work is
+    in the loop's), a Fallback's model is free (`loop_kind`)."""
+    rs = np.random.RandomState(seed)
+    row = jnp.asarray(rs.randn(vocab_size), jnp.float32)
+    x = jnp.asarray(rs.randint(2, vocab_size, (1, width)), jnp.int32)          # [1, W]
+    kind, zero_cost = ("model", None) if draft is None else loop_kind(draft)
+    if zero_cost is not None and getattr(zero_cost, "vocab_size", 0) is None:
+        zero_cost = zero_cost.for_vocab(vocab_size)
     temperature = jnp.float32(sampling.temperature)  # traced, as `generate` passes it
-    run = functools.partial(_free_loop, row, jax.random.PRNGKey(seed), temperature, gamma=gamma,
-                            max_len=max_len, top_k=sampling.top_k, top_p=sampling.top_p)
+    run = functools.partial(_free_loop, row, jax.random.PRNGKey(seed), temperature, x, zero_cost,
+                            gamma=gamma, max_len=max_len, top_k=sampling.top_k,
+                            top_p=sampling.top_p, kind=kind)
     calls = int(run()[2]["target_calls"].sum())
     return run, calls
 
