@@ -101,18 +101,20 @@ def _fresh(output_dir: str) -> None:
 
 
 @gin.configurable(denylist=["quiet"])
-def demo(output_dir: str = "runs/demo_output", num_examples: int = 32, gamma: int = 4,
+def demo(output_dir: Optional[str] = None, num_examples: int = 32, gamma: int = 4,
          temperature: float = 1.0, gammas: Sequence[int] = (1, 2, 4, 7),
          sweep_examples: int = 16, timing_rounds: int = 10, target: Optional[str] = None,
          draft: Optional[str] = None, vocab: Optional[str] = None, show: int = 3,
          family: str = "t5", drafts: bool = False, quiet: bool = False) -> Dict:
-    """Run the demo; returns the summary also written to output_dir/summary.json.
-    family 'gpt2': the decoder-only demo on the shipped GPT-2 pair (`demo_gpt2`).
+    """Run the demo; returns the summary also written to output_dir/summary.json (default
+    runs/demo_output, runs/demo_gpt2 for family 'gpt2': the decoder-only demo on the
+    shipped GPT-2 pair, `demo_gpt2`).
     drafts: also run `walltime_table` over DRAFT_CELLS (prompt lookup, Fallback(lookup,
     draft), block verification at T = 1) for the table draft kind x verification (opt-in:
     it adds minutes to the demo)."""
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+    output_dir = output_dir or ("runs/demo_gpt2" if family == "gpt2" else "runs/demo_output")
     if family == "gpt2":
         return _gpt2(output_dir, num_examples, gamma, temperature, timing_rounds, target,
                      draft, vocab, show, quiet)
