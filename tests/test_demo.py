@@ -20,8 +20,12 @@ def test_shipped_pair_loads_and_is_small():
     assert target.config.vocab_size == draft.config.vocab_size
     assert draft.num_params() * 5 < target.num_params()
     assert not target.config.logits_via_embedding and target.config.is_gated  # T5.1.1
-    size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(DEMO_DIR) for f in fs)
-    assert size <= 40e6
+    def size(*names):
+        return sum(os.path.getsize(os.path.join(d, f)) for n in names
+                   for d, _, fs in os.walk(os.path.join(DEMO_DIR, n)) for f in fs)
+    assert 0 < size("target", "draft") <= 40e6            # the T5 pair's budget (issue #14)
+    assert 0 < size("gpt2_target", "gpt2_draft") <= 25e6  # the GPT-2 pair's (issue #13)
+    assert set(os.listdir(DEMO_DIR)) == {"target", "draft", "gpt2_target", "gpt2_draft"}
     assert st.data.Vocabulary(vocab).size <= target.config.vocab_size
 
 

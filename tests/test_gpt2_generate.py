@@ -117,6 +117,9 @@ def test_errors(pair):
     with pytest.raises(ValueError, match="one family"):
         st.generate(target, prompts, prompt_lengths=lengths, draft=st.Model(
             t5.config.replace(eos_id=target.config.eos_id, pad_id=target.config.pad_id), t5.params))
+    other = st.init_model(target.config.replace(vocab_size=62, n_layer=1), seed=0)
+    with pytest.raises(ValueError, match="share one vocabulary"):
+        st.generate(target, prompts, prompt_lengths=lengths, draft=other)
     with pytest.raises(ValueError, match=r"prompt_lengths must be in \[1, 9\]"):
         st.generate(target, prompts, prompt_lengths=[0, 1, 2, 3, 4, 5])
     with pytest.raises(ValueError, match="prompt_lengths must be 6 ints"):
