@@ -121,7 +121,8 @@ def test_demo_gpt2_runs_on_a_pair(dirs, tmp_path):
     consistent with its own records (greedy identical to plain, tokens per call in range)."""
     out = tmp_path / "demo"
     cli.main(["demo", "--family", "gpt2", "--target", dirs["target"], "--draft", dirs["draft"],
-              "--output_dir", str(out), "--num_examples", "3", "--gamma", "3"])
+              "--output_dir", str(out), "--num_examples", "3", "--gamma", "3",
+              "--gin.demo.timing_rounds=2"])
     with open(out / "summary.json") as f:
         s = json.load(f)
     for name in ("report.md", "tokens_per_call.png"):
