@@ -67,7 +67,8 @@ def test_speculative_greedy_equals_plain(pair, gamma):
             "random draft": dict(draft=st.init_model(target.config, seed=7)),
             "perturbed copy": dict(draft=st.Model(target.config, noise))}
     if gamma == 3:  # every other draft kind and option at one gamma (each compiles its own)
-        runs.update({"block": dict(draft=draft, verification="block"),
+        runs.update({
+            "block": dict(draft=draft, verification="block"),
             "lookup": dict(draft=st.drafts.PromptLookup()),
             "fallback, adaptive": dict(draft=st.drafts.Fallback(st.drafts.PromptLookup(2, 2), draft),
                                        adaptive_gamma=(0.2, 1.4)),
