@@ -166,6 +166,8 @@ def decode(target: str = gin.REQUIRED, input_file: Optional[str] = None,
     draft_identity = _draft_identity(draft)
     vocabulary = find_vocabulary(vocab, target, *_draft_dirs(draft))
     examples = read_inputs(input_file, prefix) if prompt is None else [(prefix + prompt, None)]
+    if prompt is not None:
+        batch_size = 1  # one text: no padded rows to decode beside it
     encoded = [vocabulary.encode(text) for text, _ in examples]
     for i, ids in enumerate(encoded):
         if len(ids) > max_input_len:
