@@ -33,7 +33,6 @@ extras (torch, transformers). Prints a table and writes every number to --output
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -51,6 +50,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 import speculative_t5 as st
+from peer_args import peer_parser
 from speculative_t5 import GPT2Config
 from speculative_t5.decoding.output import combine
 
@@ -93,16 +93,12 @@ def make_prompts(n: int, lo: int, hi: int, eos_id: int, seed: int):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = peer_parser(__doc__, repeats=2)
     p.add_argument("--num_prompts", type=int, default=8)
     p.add_argument("--min_prompt_len", type=int, default=16)
     p.add_argument("--max_prompt_len", type=int, default=48)
-    p.add_argument("--max_new_tokens", type=int, default=32)
-    p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--draft_layers", default="6,1", help="comma-separated k: one draft per k")
     p.add_argument("--batch", type=int, default=8, help="the larger batch size")
-    p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", default="runs/bench_gpt2.json")
     args = p.parse_args()

@@ -19,7 +19,6 @@ a fresh lazily-grown EncoderDecoderCache(DynamicCache(), DynamicCache()) to ever
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -32,6 +31,7 @@ from transformers import T5ForConditionalGeneration
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 import speculative_t5 as st
+from peer_args import peer_parser
 from speculative_t5.data import Vocabulary, pad_rows, tokenize
 from speculative_t5.data.demo_corpus import build_corpus
 from speculative_t5.checkpoints.demo import DEMO_DIR
@@ -43,13 +43,9 @@ def _trim(ids: np.ndarray) -> np.ndarray:
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = peer_parser(__doc__)
     p.add_argument("--num_examples", type=int, default=16)
-    p.add_argument("--gamma", type=int, default=4)
-    p.add_argument("--max_new_tokens", type=int, default=32)
     p.add_argument("--input_len", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--min_input_tokens", type=int, default=0,
                    help="only held-out inputs at least this long (before truncation)")
     p.add_argument("--long", action="store_true",

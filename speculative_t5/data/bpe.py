@@ -9,6 +9,8 @@ import json
 import os
 from typing import List, Sequence
 
+from speculative_t5.data.vocabulary import BaseVocabulary
+
 BPE_FILES = ("vocab.json", "merges.txt")
 END_OF_TEXT = "<|endoftext|>"
 
@@ -17,7 +19,7 @@ def has_bpe(directory: str) -> bool:
     return bool(directory) and all(os.path.isfile(os.path.join(directory, f)) for f in BPE_FILES)
 
 
-class BPEVocabulary:
+class BPEVocabulary(BaseVocabulary):
     """Encode text to ids (no end token appended) and decode ids to text (up to the end
     token). `path` is the directory; `files` the two files (both part of a run's identity)."""
 
@@ -47,21 +49,11 @@ class BPEVocabulary:
     def size(self) -> int:
         return self.tokenizer.get_vocab_size()
 
-    def check_fits(self, vocab_size: int) -> None:
-        if self.size > vocab_size:
-            raise ValueError(f"vocabulary {self.path} has {self.size} tokens, more than the "
-                             f"model's vocab_size {vocab_size}")
-
     def encode(self, text: str) -> List[int]:
         return list(self.tokenizer.encode(text).ids)
 
     def decode(self, ids: Sequence[int]) -> str:
-        out = []
-        for i in ids:
-            if int(i) == self.eos_id:
-                break
-            out.append(int(i))
-        return self.tokenizer.decode(out)
+        return self.tokenizer.decode(self._until_eos(ids))
 
 
 def train_bpe(texts, directory: str, vocab_size: int) -> BPEVocabulary:

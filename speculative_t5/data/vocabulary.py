@@ -26,7 +26,34 @@ def _read_bytes(path: str) -> bytes:
         return f.read()
 
 
-class Vocabulary:
+class BaseVocabulary:
+    """What T5's and GPT-2's vocabularies share: `size`, the check that a model has a row
+    for every token, and decoding's stop at the first end token (pads dropped)."""
+    path: str
+    eos_id: int
+    pad_id: int
+
+    @property
+    def size(self) -> int:
+        raise NotImplementedError
+
+    def check_fits(self, vocab_size: int) -> None:
+        """A model with vocab_size output rows must have a row for every token."""
+        if self.size > vocab_size:
+            raise ValueError(f"vocabulary {self.path} has {self.size} tokens, more than the "
+                             f"model's vocab_size {vocab_size}")
+
+    def _until_eos(self, ids: Sequence[int]) -> List[int]:
+        out = []
+        for i in map(int, ids):
+            if i == self.eos_id:
+                break
+            if i != self.pad_id:
+                out.append(i)
+        return out
+
+
+class Vocabulary(BaseVocabulary):
     """Encode text to ids (EOS appended, as T5 inputs carry it) and decode ids to text."""
 
     def __init__(self, path: str):
@@ -48,26 +75,14 @@ class Vocabulary:
     def size(self) -> int:
         return self.sp.GetPieceSize()
 
-    def check_fits(self, vocab_size: int) -> None:
-        """A model with vocab_size output rows must have a row for every piece."""
-        if self.size > vocab_size:
-            raise ValueError(f"vocabulary {self.path} has {self.size} pieces, more than the "
-                             f"model's vocab_size {vocab_size}")
-
     def encode(self, text: str) -> List[int]:
         return list(self.sp.EncodeAsIds(text)) + [self.eos_id]
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text up to the first EOS; ids past the vocabulary (T5 models have 32128 rows for
         32100 pieces) decode as unk, as seqio does."""
-        out, size, unk = [], self.size, self.sp.unk_id()
-        for i in ids:
-            i = int(i)
-            if i == self.eos_id:
-                break
-            if i != self.pad_id:
-                out.append(i if i < size else unk)
-        return self.sp.DecodeIds(out)
+        size, unk = self.size, self.sp.unk_id()
+        return self.sp.DecodeIds([i if i < size else unk for i in self._until_eos(ids)])
 
 
 def find_vocabulary(vocab: Optional[str], *model_dirs: Optional[str]):

@@ -162,21 +162,12 @@ class Linear(nn.Module):
         return y + bias.astype(c.jnp_dtype)
 
 
-class LayerNorm(nn.Module):
-    config: GPT2Config
-
-    @nn.compact
-    def __call__(self, x: Array) -> Array:
-        c = self.config
-        scale = _param(self, "scale", nn.initializers.ones, (x.shape[-1],), ("embed",),
-                       c.jnp_param_dtype)
-        bias = _param(self, "bias", nn.initializers.zeros, (x.shape[-1],), ("embed",),
-                      c.jnp_param_dtype)
-        x32 = x.astype(jnp.float32)
-        mean = jnp.mean(x32, -1, keepdims=True)
-        var = jnp.mean(jnp.square(x32 - mean), -1, keepdims=True)
-        y = (x32 - mean) * jax.lax.rsqrt(var + c.layer_norm_epsilon)
-        return (y * scale.astype(jnp.float32) + bias.astype(jnp.float32)).astype(c.jnp_dtype)
+def LayerNorm(c: GPT2Config, name: str = None) -> nn.LayerNorm:  # noqa: N802 (a module)
+    """GPT-2's layer norm (Flax's, statistics in float32): scale and bias over 'embed'."""
+    return nn.LayerNorm(epsilon=c.layer_norm_epsilon, dtype=c.jnp_dtype, param_dtype=c.jnp_param_dtype,
+                        scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+                        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+                        name=name)
 
 
 class Block(nn.Module):
