@@ -77,3 +77,36 @@ def test_loop_timer_runs_the_loops_with_free_steps(top_k):
         assert calls == -(-17 // (gamma + 1))
         tokens, lengths, _ = run()
         assert int(lengths[0]) == 17
+
+
+def test_parts_by_name_and_medians_beside_the_decodes():
+    """Costs <-> parts by name (as the timers and records name them); a part timed beside
+    the decodes replaces the up-front one by its median; a record's prediction uses its own."""
+    from speculative_t5.experiments.timed import predicted_seconds
+    c = _costs()
+    parts = c.parts()
+    assert parts["target_1"] == 0.004 and parts["target_8"] == 0.006 and parts["loop_7"] == 0.0002
+    assert parts["setup_draft_64"] == 0.0005
+    assert Costs.from_parts(parts, 32, 40) == c
+    beside = [{"target_1": 0.002, "setup_target_32": 0.003}, {"target_1": 0.006},
+              {"target_1": 0.005}]
+    m = c.median_with(beside)
+    assert m.target_step == 0.005 and m.setup[32] == {"target": 0.003, "draft": 0.0004}
+    assert m.verify == c.verify and m.setup[64] == c.setup[64]
+    rec = {"width": 32, "plain": {"target_calls": 10},
+           "spec": {"target_calls": 3, "two_token_draft_calls": 1}, "parts": beside[0]}
+    got = predicted_seconds(c, 4, [rec, {k: v for k, v in rec.items() if k != "parts"}])
+    assert got["plain"] == pytest.approx(0.003 + 10 * (0.002 + 0.00001) + c.plain_seconds(32, 10))
+    assert got["spec"] == pytest.approx(c.speculative_seconds(32, 4, 3, 1) + 0.002
+                                        + c.speculative_seconds(32, 4, 3, 1))
+
+
+def test_part_timers_once_times_one_width():
+    from speculative_t5.measure.costs import PartTimers
+    target = st.init_model(tiny_config(), seed=0)
+    draft = st.init_model(tiny_config(num_decoder_layers=1), seed=1)
+    timers = PartTimers(target, draft, gammas=[2], widths=[8, 16], step_width=8, cache_len=12)
+    once = timers.once(16)
+    assert set(once) == {"target_1", "target_3", "draft_1", "draft_2", "loop_0", "loop_2",
+                         "setup_target_16", "setup_draft_16"}
+    assert all(t > 0 for t in once.values())

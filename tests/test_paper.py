@@ -149,19 +149,22 @@ def test_walltime_table_end_to_end_and_flags(tmp_path, pair, spm):
     assert float(row["bleu_plain"]) == float(row["bleu_spec"])
     tpc = float(row["tokens_per_target_call"])
     assert 1 <= tpc <= 3
-    # the cost model: the measured parts in timing.json, combined by the formula written
-    # out here, give the row's full prediction; measured / predicted is their ratio
-    costs = json.load(open(os.path.join(out, "ende_t0", "timing.json")))["costs"]
-    setup = costs["setup"]
-    plain = sum(setup[str(r["width"])]["target"]
-                + r["plain"]["target_calls"] * (costs["target_step"] + costs["plain_loop"])
-                for r in recs)
-    spec = sum(setup[str(r["width"])]["target"] + setup[str(r["width"])]["draft"]
-               + r["spec"]["target_calls"] * (costs["verify"]["2"] + 2 * costs["draft_step"]
-                                              + costs["round_loop"]["2"])
-               + r["spec"]["two_token_draft_calls"] * (costs["draft_two"] - costs["draft_step"])
-               for r in recs)
+    # the cost model: the parts timed beside each decode (its record's "parts"), combined
+    # by the formula written out here, give the row's full prediction; measured /
+    # predicted is their ratio
+    plain = spec = 0.0
+    for r in recs:
+        p, w = r["parts"], r["width"]
+        assert set(p) == {"target_1", "target_3", "draft_1", "draft_2", "loop_0", "loop_2",
+                          f"setup_target_{w}", f"setup_draft_{w}"} and min(p.values()) > 0
+        plain += p[f"setup_target_{w}"] + r["plain"]["target_calls"] * (p["target_1"] + p["loop_0"])
+        spec += (p[f"setup_target_{w}"] + p[f"setup_draft_{w}"]
+                 + r["spec"]["target_calls"] * (p["target_3"] + 2 * p["draft_1"] + p["loop_2"])
+                 + r["spec"]["two_token_draft_calls"] * (p["draft_2"] - p["draft_1"]))
     assert float(row["speedup_predicted_full"]) == pytest.approx(plain / spec, rel=1e-3)
+    # c and v: the medians of the parts timed beside the decodes
+    assert float(row["c"]) == pytest.approx(np.median([r["parts"]["draft_1"] for r in recs])
+                                            / np.median([r["parts"]["target_1"] for r in recs]))
     assert float(row["measured_over_full"]) == pytest.approx(
         float(row["speedup_measured"]) / float(row["speedup_predicted_full"]), rel=1e-3)
     assert all(r["plain"]["target_calls"] == r["plain"]["length"] for r in recs)
@@ -355,21 +358,19 @@ def test_walltime_table_zero_cost_and_fallback_cells(tmp_path, pair, spm):
     assert timing["lookup_t0"]["costs"]["setup"][str(_records(os.path.join(
         out, "lookup_t0", "examples.jsonl"))[0]["width"])]["draft"] == 0.0
     for cell, recs in ((c, _records(os.path.join(out, c, "examples.jsonl"))) for c in timing):
-        costs = timing[cell]["costs"]
-        spec = 0.0
+        spec = plain = 0.0
         for r in recs:
-            s = r["spec"]
-            if cell == "lookup_t0":
+            s, p, w = r["spec"], r["parts"], r["width"]
+            if cell == "lookup_t0":  # no draft model: no draft steps or set-up timed
                 assert s["draft_model_steps"] == 0 and s["two_token_draft_calls"] == 0
+                assert not {"draft_1", "draft_2", f"setup_draft_{w}"} & set(p)
+                p = dict(p, draft_1=0.0, draft_2=0.0, **{f"setup_draft_{w}": 0.0})
             assert s["draft_model_steps"] <= 2 * s["target_calls"]
-            setup = costs["setup"][str(r["width"])]
-            spec += (setup["target"] + setup["draft"]
-                     + s["target_calls"] * (costs["verify"]["2"] + costs["round_loop"]["2"])
-                     + s["draft_model_steps"] * costs["draft_step"]
-                     + s["two_token_draft_calls"] * (costs["draft_two"] - costs["draft_step"]))
-        plain = sum(costs["setup"][str(r["width"])]["target"]
-                    + r["plain"]["target_calls"] * (costs["target_step"] + costs["plain_loop"])
-                    for r in recs)
+            spec += (p[f"setup_target_{w}"] + p[f"setup_draft_{w}"]
+                     + s["target_calls"] * (p["target_3"] + p["loop_2"])
+                     + s["draft_model_steps"] * p["draft_1"]
+                     + s["two_token_draft_calls"] * (p["draft_2"] - p["draft_1"]))
+            plain += p[f"setup_target_{w}"] + r["plain"]["target_calls"] * (p["target_1"] + p["loop_0"])
         row = rows[0] if cell == "lookup_t0" else rows[1]
         assert row["speedup_predicted_full"] == pytest.approx(plain / spec, rel=1e-3)
 

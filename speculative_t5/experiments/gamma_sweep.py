@@ -53,17 +53,19 @@ def _swept(cell: Cell, one_width: bool) -> List[Dict[str, Any]]:
 def _measure(cell: Cell, run: RunDir, todo: List, gammas: List[int], examples: List,
              timing_rounds: int, quiet: bool) -> None:
     target, draft, _ = cell.load_models()
-    timing = timed.cell_costs(run, cell, target, draft, gammas, examples, timing_rounds)
+    timing, timers = timed.cell_costs(run, cell, target, draft, gammas, examples, timing_rounds)
     model = draft_model(draft)  # a zero-cost draft does no arithmetic worth counting
     timing["c_hat"] = 0.0 if model is None else (analysis.decode_macs_per_token(model.config)
                                                  / analysis.decode_macs_per_token(target.config))
     timed.save_timing(run, timing)
     variants = {"plain": {}, **{str(g): {"draft": draft, "gamma": g,
                                          "verification": cell.verification} for g in gammas}}
-    for i, ex, x, runs in timed.timed_examples(cell, run, todo, target, variants, timing, quiet):
+    for i, ex, x, runs, parts in timed.timed_examples(cell, run, todo, target, variants, timing,
+                                                      timers, quiet):
         seconds = {k: round(t, 6) for k, (_, t) in runs.items()}
         plain, _ = runs.pop("plain")
-        rec = {"index": i, "width": int(x.shape[1]), "seconds": seconds, "plain": plain.row(0),
+        rec = {"index": i, "width": int(x.shape[1]), "seconds": seconds, "parts": parts,
+               "plain": plain.row(0),
                "spec": {g: r.row(0) for g, (r, _) in runs.items()}}
         rec.update(overlap_sums(target, draft, x, plain.tokens, cell.sampling)[0])
         run.append({"id": ex["id"], **rec})
@@ -73,7 +75,7 @@ def summarize(cell: Cell, run: RunDir, gammas: List[int]) -> Dict[str, Any]:
     """Per-gamma rows (the cell's summary and plots); returns the cell's best-gamma row."""
     recs = cell.in_order(run.records())
     timing = timed.load_timing(run)
-    costs = timed.costs_of(timing)
+    costs = timed.costs_of(timing, recs)
     missing = [g for g in gammas if str(g) not in recs[0]["seconds"]]
     if missing:
         raise ValueError(f"{run.path} was measured for other gammas (no {missing}); use "

@@ -1,19 +1,22 @@
 """The one measuring core of the walltime drivers (`walltime_table`, `gamma_sweep`, and the
-demo, which runs them): a cell's part costs for the cost model, measured once and kept in
-the cell's timing.json, and its examples decoded one at a time (batch 1), every variant
-back to back per example, compile time kept apart."""
+demo, which runs them): a cell's part costs for the cost model, measured before its decodes
+and kept in the cell's timing.json, and its examples decoded one at a time (batch 1), every
+variant back to back per example and each part timed once more right after them (kept in
+the example's record: the prediction pairs each decode with parts timed beside it, so a
+machine that slows down or speeds up during a cell moves both alike), compile time kept
+apart."""
 from __future__ import annotations
 
 import json
 import os
 import time
-from typing import Any, Dict, Iterator, List, Sequence
+from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
 import jax
 
 from speculative_t5.experiments.cells import Cell
 from speculative_t5.experiments.rundir import RunDir
-from speculative_t5.measure.costs import Costs, measure_costs, timed_parts
+from speculative_t5.measure.costs import Costs, PartTimers, timed_parts
 from speculative_t5.measure.timing import decoder_step_bytes, timed_decodes
 
 
@@ -27,7 +30,7 @@ def save_timing(run: RunDir, timing: Dict[str, Any]) -> None:
         json.dump(timing, f, indent=2)
 
 
-_MEASURED: Dict[tuple, Costs] = {}  # within one grid run (run_grid clears it)
+_MEASURED: Dict[tuple, Tuple[PartTimers, Costs]] = {}  # within one grid run (run_grid clears it)
 
 
 def forget_costs() -> None:
@@ -36,22 +39,24 @@ def forget_costs() -> None:
 
 
 def cell_costs(run: RunDir, cell: Cell, target, draft, gammas: Sequence[int],
-               examples: Sequence[Dict[str, Any]], rounds: int) -> Dict[str, Any]:
+               examples: Sequence[Dict[str, Any]], rounds: int) -> Tuple[Dict[str, Any], PartTimers]:
     """The parts of the cost model (`measure.costs`) for this cell's models at its lengths:
-    steps at the examples' median input width, set-up at every width they use. Kept in
-    timing.json, so a resumed run predicts with the costs it started with."""
+    steps at the examples' median input width, set-up at every width they use; and their
+    timers (`timed_examples` times every part again beside each example). Kept in
+    timing.json, so a resumed run keeps the costs it started with."""
+    widths = sorted(cell.width(e) for e in examples)
+    key = (cell.target, cell.draft, cell.dtype, tuple(gammas), tuple(sorted(set(widths))),
+           widths[len(widths) // 2], cell.max_decode_len + max(gammas) + 1,
+           cell.sampling)  # the loop's own work: sampling costs more than argmax
+    if key not in _MEASURED:  # cells of one grid run with the same models and lengths share them
+        timers = PartTimers(target, draft, *key[3:])
+        _MEASURED[key] = timers, timers.measure(rounds)
+    timers, costs = _MEASURED[key]
     path = os.path.join(run.path, "timing.json")
     if os.path.exists(path):
         saved = load_timing(run)
         if all(str(g) in saved["costs"].get("round_loop", {}) for g in gammas):
-            return saved
-    widths = sorted(cell.width(e) for e in examples)
-    key = (cell.target, cell.draft, cell.dtype, tuple(gammas), tuple(sorted(set(widths))),
-           widths[len(widths) // 2], cell.max_decode_len + max(gammas) + 1, rounds,
-           cell.sampling._replace(temperature=0.0))  # the loops' cost depends on top-k/p only
-    if key not in _MEASURED:  # cells of one grid run with the same models and lengths share them
-        _MEASURED[key] = measure_costs(target, draft, *key[3:])
-    costs = _MEASURED[key]
+            return saved, timers
     timing = {"costs": costs.to_json(), "c": costs.c, "draft_parts": timed_parts(draft),
               "v": {str(g): costs.v(g) for g in gammas},
               "step_ms": {"target_1": 1e3 * costs.target_step, "draft_1": 1e3 * costs.draft_step},
@@ -59,26 +64,35 @@ def cell_costs(run: RunDir, cell: Cell, target, draft, gammas: Sequence[int],
                           **{f"round_{g}": 1e3 * costs.round_loop[g] for g in gammas}},
               "target_step_bytes": decoder_step_bytes(target), "compile_seconds": 0.0}
     save_timing(run, timing)
-    return timing
+    return timing, timers
 
 
-def costs_of(timing: Dict[str, Any]) -> Costs:
-    return Costs.from_json(timing["costs"])
+def costs_of(timing: Dict[str, Any], recs: Sequence[Dict[str, Any]] = ()) -> Costs:
+    """The cell's costs: each part's median over the records' own timings of it (`parts`,
+    taken beside their decodes) where they have them, else the cell's up-front measurement."""
+    return Costs.from_json(timing["costs"]).median_with([r["parts"] for r in recs if "parts" in r])
 
 
-def predicted_seconds(costs, gamma: int, recs: List[Dict[str, Any]]) -> Dict[str, float]:
-    """The cost model's plain and speculative walltime of these records' decodes."""
-    return {"plain": sum(costs.plain_seconds(r["width"], r["plain"]["target_calls"]) for r in recs),
-            "spec": sum(costs.speculative_seconds(r["width"], gamma, r["spec"]["target_calls"],
-                                                  r["spec"]["two_token_draft_calls"],
-                                                  r["spec"].get("draft_model_steps")) for r in recs)}
+def predicted_seconds(costs: Costs, gamma: int, recs: List[Dict[str, Any]]) -> Dict[str, float]:
+    """The cost model's plain and speculative walltime of these records' decodes, each from
+    the parts timed beside it (`parts` in its record) where it has them, else `costs`."""
+    out = {"plain": 0.0, "spec": 0.0}
+    for r in recs:
+        c = Costs.from_parts({**costs.parts(), **r["parts"]}, costs.step_width, costs.cache_len) \
+            if "parts" in r else costs
+        out["plain"] += c.plain_seconds(r["width"], r["plain"]["target_calls"])
+        out["spec"] += c.speculative_seconds(r["width"], gamma, r["spec"]["target_calls"],
+                                             r["spec"]["two_token_draft_calls"],
+                                             r["spec"].get("draft_model_steps"))
+    return out
 
 
 def timed_examples(cell: Cell, run: RunDir, todo: Sequence[tuple], target, variants: Dict,
-                   timing: Dict[str, Any], quiet: bool) -> Iterator[tuple]:
-    """For each example to do: (index, example, x [1, W], {variant: (output, seconds)}),
-    batch 1, the variants timed back to back with one rng per example. The first example
-    of each width compiles its programs untimed; those seconds go to timing.json."""
+                   timing: Dict[str, Any], timers: PartTimers, quiet: bool) -> Iterator[tuple]:
+    """For each example to do: (index, example, x [1, W], {variant: (output, seconds)},
+    {part: seconds} timed right after), batch 1, the variants timed back to back with one
+    rng per example. The first example of each width compiles its programs untimed; those
+    seconds go to timing.json."""
     from tqdm import tqdm
     warm = set()
     with tqdm(total=len(todo), desc=cell.name, unit="ex", disable=quiet or not todo) as bar:
@@ -91,5 +105,6 @@ def timed_examples(cell: Cell, run: RunDir, todo: Sequence[tuple], target, varia
                 timing["compile_seconds"] += time.perf_counter() - t0
                 save_timing(run, timing)
                 warm.add(x.shape[1])
-            yield i, ex, x, timed_decodes(target, variants, x, cell.sampling, cell.max_decode_len, rng)
+            runs = timed_decodes(target, variants, x, cell.sampling, cell.max_decode_len, rng)
+            yield i, ex, x, runs, timers.once(x.shape[1])
             bar.update(1)

@@ -68,15 +68,17 @@ def _noise_floor(cell: Cell, run: RunDir, target, batch: int) -> None:
 def _measure(cell: Cell, run: RunDir, todo: List, models, timing_rounds: int,
              t5x_baseline: bool, quiet: bool) -> None:
     target, draft, vocab = models
-    timing = timed.cell_costs(run, cell, target, draft, [cell.gamma], cell.examples, timing_rounds)
+    timing, timers = timed.cell_costs(run, cell, target, draft, [cell.gamma], cell.examples,
+                                      timing_rounds)
     variants = {"plain": {}, "spec": {"draft": draft, "gamma": cell.gamma,
                                       "verification": cell.verification}}
     if t5x_baseline:
         variants["plain_t5x"] = {"recompute_cross_attention": True}
-    for i, ex, x, runs in timed.timed_examples(cell, run, todo, target, variants, timing, quiet):
+    for i, ex, x, runs, parts in timed.timed_examples(cell, run, todo, target, variants, timing,
+                                                      timers, quiet):
         (plain, _), (spec, _) = runs["plain"], runs["spec"]
         rec = {"index": i, "width": int(x.shape[1]),
-               "seconds": {k: round(t, 6) for k, (_, t) in runs.items()},
+               "seconds": {k: round(t, 6) for k, (_, t) in runs.items()}, "parts": parts,
                "plain": plain.row(0), "spec": spec.row(0),
                "plain_tokens": plain.tokens[0, :plain.lengths[0]].tolist(),
                "identical": bool(np.array_equal(plain.tokens, spec.tokens)),
@@ -101,7 +103,7 @@ def summarize(cell: Cell, run: RunDir) -> Dict[str, Any]:
     """The cell's Table 2 row, from its records and timing.json alone."""
     recs = cell.in_order(run.records())
     timing = timed.load_timing(run)
-    costs = timed.costs_of(timing)
+    costs = timed.costs_of(timing, recs)
     g = cell.gamma
     c, v = costs.c, costs.v(g)
     sec = {k: sum(r["seconds"][k] for r in recs) for k in recs[0]["seconds"]}

@@ -6,13 +6,19 @@ device, none of them fitted to the decodes it predicts.
                           + rounds * (v T + gamma c T + L_gamma) + two_token_calls * (T_d2 - c T)
 
 setup_*(W): one model's encoder, cross-attention keys/values and cache allocation for an
-input of width W (one jitted call, so its dispatch is in it too); T: a one-token target
+input of width W, timed with the decode's first one-token step in one jitted call (so its
+dispatch is in it too) less a steady-state step: what a decode pays once, including its
+first pass over the weights from a colder cache (`timing.setup_timer`); T: a one-token target
 step; v T: a target step over gamma+1 tokens (the verify pass); c T: a one-token draft step;
 T_d2: a draft step over two tokens (the first draft call after a round that accepted every
 draft). Steps are timed inside one compiled loop, as the decode loop runs them
-(`timing.step_times`). L_1, L_gamma: the decode loop's own work per plain step and per
+(`timing.step_timer`). L_1, L_gamma: the decode loop's own work per plain step and per
 speculative round (sampling, the accept test, writing tokens, statistics), timed by running
-the loops with model steps that cost nothing (`timing.loop_timer`). Rounds, calls and two-token calls are counted by the decode itself.
+the loops with model steps that cost nothing (`timing.loop_timer`), at the decode's own
+sampling settings (a sampled round does more work than an argmax one). Rounds, calls and
+two-token calls are counted by the decode itself. The walltime drivers time every part once
+more right after each example's decodes (`PartTimers.once`) and predict each decode from
+the parts timed beside it, so the machine's drift moves both alike.
 Eq. (5) is the special case with no set-up, unbounded text (eq. 1) and no two-token calls.
 
 Zero-cost drafts (`decoding.drafts`): a PromptLookup (or Bigram) has no model, so c = 0,
@@ -34,11 +40,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, Optional, Sequence
 
+import numpy as np
+
 from speculative_t5.decoding.drafts import Fallback
 from speculative_t5.decoding.sampling import SamplingConfig
 from speculative_t5.generate import draft_models
 from speculative_t5.measure.timing import (interleaved_medians, loop_kind, loop_timer,
-                                           setup_timer, step_times)
+                                           setup_timer, step_timer)
 from speculative_t5.model.api import Model
 
 
@@ -83,6 +91,43 @@ class Costs:
         out["round_loop"] = {str(g): t for g, t in self.round_loop.items()}
         return out
 
+    def parts(self) -> Dict[str, float]:
+        """The parts by name, as `PartTimers` names them: target_1 (T), target_{g+1} (v T),
+        draft_1 (c T), draft_2 (T_d2), setup_{target,draft}_{W}, loop_0 (L_1), loop_{g}."""
+        out = {"target_1": self.target_step, "draft_1": self.draft_step,
+               "draft_2": self.draft_two, "loop_0": self.plain_loop}
+        out.update({f"target_{g + 1}": t for g, t in self.verify.items()})
+        out.update({f"loop_{g}": t for g, t in self.round_loop.items()})
+        for w, s in self.setup.items():
+            out.update({f"setup_{role}_{w}": t for role, t in s.items()})
+        return out
+
+    @classmethod
+    def from_parts(cls, parts: Dict[str, float], step_width: int, cache_len: int) -> "Costs":
+        """Costs from parts by name (`parts`); a draft's parts absent are 0 (no draft model)."""
+        setup: Dict[int, Dict[str, float]] = {}
+        for name, t in parts.items():
+            if name.startswith("setup_"):
+                _, role, w = name.split("_")
+                setup.setdefault(int(w), {"target": 0.0, "draft": 0.0})[role] = t
+        gammas = [int(n.split("_")[1]) - 1 for n in parts
+                  if n.startswith("target_") and n != "target_1"]
+        return cls(target_step=parts["target_1"], draft_step=parts.get("draft_1", 0.0),
+                   draft_two=parts.get("draft_2", 0.0),
+                   verify={g: parts[f"target_{g + 1}"] for g in gammas}, setup=setup,
+                   plain_loop=parts["loop_0"], round_loop={g: parts[f"loop_{g}"] for g in gammas},
+                   step_width=step_width, cache_len=cache_len)
+
+    def median_with(self, measured: Sequence[Dict[str, float]]) -> "Costs":
+        """These costs with each part replaced by its median over `measured` (parts timed
+        beside the decodes, `PartTimers.once`), where it was measured there."""
+        parts = self.parts()
+        for name in parts:
+            values = [m[name] for m in measured if name in m]
+            if values:
+                parts[name] = float(np.median(values))
+        return Costs.from_parts(parts, self.step_width, self.cache_len)
+
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "Costs":
         d = dict(d)
@@ -123,6 +168,60 @@ def timed_parts(draft) -> Dict[str, Any]:
                          "two-token calls" if isinstance(draft, Fallback) else None)}
 
 
+STEPS = 16  # decoder steps per step-timer call
+
+
+class PartTimers:
+    """A timer for every part of the cost model, built once per pair and lengths: `measure`
+    takes interleaved medians (the parts of a cell, measured before its decodes), `once`
+    times each part one more time (the walltime drivers call it right after each example's
+    decodes, so the machine's drift hits the parts as it hits the decodes they predict)."""
+
+    def __init__(self, target, draft, gammas: Sequence[int], widths: Sequence[int],
+                 step_width: int, cache_len: int, sampling: SamplingConfig = SamplingConfig()):
+        model = draft_model(draft)
+        self.step_width, self.cache_len = step_width, cache_len
+        specs = {"target_1": (target, 1), **{f"target_{g + 1}": (target, g + 1) for g in gammas}}
+        if model is not None:
+            specs.update(draft_1=(model, 1), draft_2=(model, 2))
+        self.timers = {name: (step_timer(m, 1, K, step_width, cache_len, cache_len // 2, STEPS),
+                              STEPS) for name, (m, K) in specs.items()}     # name -> (fn, units)
+        self.widths = {}                      # the set-up timers' names by input width
+        for w in widths:
+            for role, m in (("target", target), ("draft", model)):
+                if m is not None:
+                    self.timers[f"setup_{role}_{w}"] = (setup_timer(m, w, cache_len), 1)
+                    self.widths.setdefault(w, []).append(f"setup_{role}_{w}")
+        for g in [0, *gammas]:
+            self.timers[f"loop_{g}"] = loop_timer(target.config.vocab_size, g, sampling,
+                                                  cache_len, draft=draft if g else None,
+                                                  width=step_width)
+
+    def _names(self, width: Optional[int]):
+        return [n for n in self.timers if not n.startswith("setup_")
+                or width is None or n in self.widths[width]]
+
+    def measure(self, rounds: int, warmup: int = 2) -> "Costs":
+        """Median seconds per unit of every part, timed in turn within each round."""
+        med = interleaved_medians({n: self.timers[n][0] for n in self._names(None)}, rounds,
+                                  warmup)
+        return Costs.from_parts(self._parts(med), self.step_width, self.cache_len)
+
+    def once(self, width: int) -> Dict[str, float]:
+        """Each part timed once more (set-up at this input width only): {name: seconds}."""
+        return self._parts(interleaved_medians(
+            {n: self.timers[n][0] for n in self._names(width)}, 1, warmup=0))
+
+    def _parts(self, seconds: Dict[str, float]) -> Dict[str, float]:
+        """Seconds per call -> per unit; a set-up timer's call ends with its model's first
+        one-token step (`setup_timer`), so a steady-state step is subtracted."""
+        per = {n: t / self.timers[n][1] for n, t in seconds.items()}
+        for n in per:
+            if n.startswith("setup_"):
+                per[n] -= per[n.split("_")[1] + "_1"]
+        return per
+
+
 def measure_costs(target, draft, gammas: Sequence[int], widths: Sequence[int], step_width: int,
                   cache_len: int, rounds: int = 20,
                   sampling: SamplingConfig = SamplingConfig()) -> Costs:
@@ -130,22 +229,5 @@ def measure_costs(target, draft, gammas: Sequence[int], widths: Sequence[int], s
     cache length `cache_len`, set-up at every width in `widths`, the loops' own work with
     `sampling`'s static top-k / top-p; interleaved medians. draft: a draft Model, a
     zero-cost draft (no model: c = 0, its work timed in the loop) or a Fallback of the two."""
-    model = draft_model(draft)
-    specs = {"target_1": (target, 1), **{f"target_{g + 1}": (target, g + 1) for g in gammas}}
-    if model is not None:
-        specs.update(draft_1=(model, 1), draft_2=(model, 2))
-    steps = step_times(specs, 1, step_width, cache_len, cache_len // 2, rounds)
-    timers = {(w, name): setup_timer(m, w, cache_len)
-              for w in widths for name, m in (("target", target), ("draft", model)) if m is not None}
-    setup = interleaved_medians(timers, rounds, warmup=2)
-    loops = {g: loop_timer(target.config.vocab_size, g, sampling, cache_len,
-                           draft=draft if g else None, width=step_width) for g in [0, *gammas]}
-    loop = interleaved_medians({g: run for g, (run, _) in loops.items()}, rounds, warmup=1)
-    per_call = {g: loop[g] / calls for g, (_, calls) in loops.items()}
-    return Costs(target_step=steps["target_1"], draft_step=steps.get("draft_1", 0.0),
-                 draft_two=steps.get("draft_2", 0.0),
-                 verify={g: steps[f"target_{g + 1}"] for g in gammas},
-                 setup={w: {name: setup.get((w, name), 0.0) for name in ("target", "draft")}
-                        for w in widths},
-                 plain_loop=per_call[0], round_loop={g: per_call[g] for g in gammas},
-                 step_width=step_width, cache_len=cache_len)
+    return PartTimers(target, draft, gammas, widths, step_width, cache_len,
+                      sampling).measure(rounds)

@@ -15,20 +15,27 @@ from speculative_t5.decoding.drafts import Fallback, ModelDraft
 from speculative_t5.decoding.loops import plain_decode, speculative_decode
 from speculative_t5.decoding.sampling import SamplingConfig, row_keys
 from speculative_t5.generate import generate
-from speculative_t5.model.api import Model, init_cache, prefill_cache
+from speculative_t5.model.api import Model, decode, init_cache, prefill_cache
 
 
 def setup_timer(model: Model, width: int, cache_len: int, seed: int = 0) -> Callable[[], Any]:
-    """A no-argument function doing one input's per-decode set-up: the encoder over
-    [1, width] tokens, the cross-attention keys/values and the cache allocation (one jitted
-    call, as a decode's program starts with them); for a decoder-only model, the prefill
-    of a [1, width] prompt."""
+    """A no-argument function doing one input's per-decode set-up and the decode's first
+    one-token step, in one jitted call (as a decode's program starts with them): the
+    encoder over [1, width] tokens, the cross-attention keys/values and the cache allocation
+    (for a decoder-only model, the prefill of a [1, width] prompt), then one decoder step.
+    Less a steady-state one-token step (`step_timer`), it is what a decode pays once: the
+    set-up, and the first pass over the decoder's weights from a colder cache."""
     x = jnp.asarray(np.random.RandomState(seed).randint(2, model.config.vocab_size, (1, width)),
                     jnp.int32)
-    if model.decoder_only:
-        lengths = jnp.full((1,), width, jnp.int32)
-        return lambda: prefill_cache(model, x, lengths, cache_len)
-    return lambda: init_cache(model, x, cache_len)
+    lengths = jnp.full((1,), width, jnp.int32)
+    return lambda: _setup_and_step(model, x, lengths, cache_len)
+
+
+@functools.partial(jax.jit, static_argnums=(3,))
+def _setup_and_step(model: Model, x, lengths, cache_len: int):
+    cache = prefill_cache(model, x, lengths, cache_len) if model.decoder_only \
+        else init_cache(model, x, cache_len)
+    return decode(model, cache, x[:, :1], jnp.zeros((1,), jnp.int32))
 
 
 @functools.partial(jax.jit, static_argnames=("gamma", "max_len", "top_k", "top_p", "kind"))
