@@ -15,7 +15,7 @@ INSTALL_REQUIRES = [
 EXTRAS = {
     "data": ["seqio", "tensorflow-datasets", "sacrebleu"],
     # torch 2.13.0 has a CPU wheel on these machines; an unpinned torch pulls a CUDA build.
-    "test": ["pytest", "torch==2.13.0", "transformers>=4.40"],
+    "test": ["pytest", "pytest-xdist", "torch==2.13.0", "transformers>=4.40"],
 }
 EXTRAS["test"] += EXTRAS["data"]  # the seqio task tests run under tfds mock data
 EXTRAS["all"] = sorted({r for reqs in EXTRAS.values() for r in reqs})
