@@ -45,8 +45,12 @@ def cell_costs(run: RunDir, cell: Cell, target, draft, gammas: Sequence[int],
     timers (`timed_examples` times every part again beside each example). Kept in
     timing.json, so a resumed run keeps the costs it started with."""
     widths = sorted(cell.width(e) for e in examples)
+    # the decodes' cache length (max_decode_len + gamma + 1) rounded up to a multiple of 16:
+    # cells with nearby lengths (the demo's walltime cells and its gamma sweep) then share
+    # the timers' compiled programs; a step's cost hardly depends on those few positions
+    cache_len = -(-(cell.max_decode_len + max(gammas) + 1) // 16) * 16
     key = (cell.target, cell.draft, cell.dtype, tuple(gammas), tuple(sorted(set(widths))),
-           widths[len(widths) // 2], cell.max_decode_len + max(gammas) + 1,
+           widths[len(widths) // 2], cache_len,
            cell.sampling)  # the loop's own work: sampling costs more than argmax
     if key not in _MEASURED:  # cells of one grid run with the same models and lengths share them
         timers = PartTimers(target, draft, *key[3:])

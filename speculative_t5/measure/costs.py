@@ -168,7 +168,7 @@ def timed_parts(draft) -> Dict[str, Any]:
                          "two-token calls" if isinstance(draft, Fallback) else None)}
 
 
-STEPS = 16  # decoder steps per step-timer call
+STEPS = 8  # decoder steps per step-timer call
 
 
 class PartTimers:
@@ -214,11 +214,12 @@ class PartTimers:
 
     def _parts(self, seconds: Dict[str, float]) -> Dict[str, float]:
         """Seconds per call -> per unit; a set-up timer's call ends with its model's first
-        one-token step (`setup_timer`), so a steady-state step is subtracted."""
+        one-token step (`setup_timer`), so a steady-state step is subtracted (never below 0:
+        a tiny model's set-up can be within a step's noise)."""
         per = {n: t / self.timers[n][1] for n, t in seconds.items()}
         for n in per:
             if n.startswith("setup_"):
-                per[n] -= per[n.split("_")[1] + "_1"]
+                per[n] = max(per[n] - per[n.split("_")[1] + "_1"], 0.0)
         return per
 
 
