@@ -114,6 +114,12 @@ def test_errors(dirs, tmp_path):
                   str(tmp_path / "in.txt")])
     with pytest.raises(SystemExit, match="needs --input_file and --output, or --prompt"):
         cli.main(["decode", "--target", dirs["target"]])
+    # two lengths that disagree, even when one of them is the default's value
+    for other in ("64", "8"):
+        with pytest.raises(SystemExit, match=f"max_new_tokens or max_decode_len, not both "
+                                             f"\\(got 16 and {other}\\)"):
+            cli.main(["decode", "--target", dirs["target"], "--prompt", "x = 1",
+                      "--max_new_tokens", "16", "--max_decode_len", other])
 
 
 def test_demo_gpt2_runs_on_a_pair(dirs, tmp_path):

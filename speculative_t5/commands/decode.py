@@ -109,7 +109,7 @@ def _report_prompt(res, vocabulary, target, ids, sampling, max_decode_len, parti
 def decode(target: str = gin.REQUIRED, input_file: Optional[str] = None,
            output: Optional[str] = None, draft: Optional[str] = None, vocab: Optional[str] = None,
            gamma: int = 4, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-           lenience: float = 1.0, max_decode_len: int = 64, max_input_len: int = 512,
+           lenience: float = 1.0, max_decode_len: Optional[int] = None, max_input_len: int = 512,
            batch_size: int = 8, seed: int = 0, prefix: str = "", dtype: Optional[str] = None,
            activation_dtype: Optional[str] = None, partitioner: Optional[Partitioner] = None,
            verification: str = "token", draft_stop: Optional[float] = None,
@@ -121,7 +121,8 @@ def decode(target: str = gin.REQUIRED, input_file: Optional[str] = None,
     printed with "N tokens in M target passes", and for a greedy speculative decode whether
     it is identical to plain greedy (plain is decoded too, to say so). A GPT-2 target
     (decoder-only) continues each line or prompt, tokenized with the directory's vocab.json
-    + merges.txt; max_new_tokens is max_decode_len by its decoder-only name.
+    + merges.txt; max_new_tokens is max_decode_len by its decoder-only name (give one or
+    both equal; default 64).
 
     partitioner: the mesh to run on; default `Partitioner()`, configured by gin the T5X way
     (`--gin.Partitioner.num_partitions=4`): the models load straight into their shards and
@@ -134,7 +135,14 @@ def decode(target: str = gin.REQUIRED, input_file: Optional[str] = None,
     maximum, c and v measured at the first batch (see `st.generate`)."""
     # every option is checked before anything is read, written or loaded
     sampling = sampling_config(None, temperature, top_k, top_p)
-    gamma, max_decode_len = check_int("gamma", gamma, 1), check_int("max_decode_len", max_decode_len, 1)
+    if max_new_tokens is not None and max_decode_len is not None \
+            and max_new_tokens != max_decode_len:
+        raise ValueError(f"give max_new_tokens or max_decode_len, not both (got "
+                         f"{max_new_tokens} and {max_decode_len})")
+    gamma = check_int("gamma", gamma, 1)
+    max_decode_len = (check_int("max_new_tokens", max_new_tokens, 1) if max_new_tokens is not None
+                      else check_int("max_decode_len", 64 if max_decode_len is None
+                                     else max_decode_len, 1))
     max_input_len, batch_size = (check_int("max_input_len", max_input_len, 1),
                                  check_int("batch_size", batch_size, 1))
     seed, lenience = check_int("seed", seed, 0), check_lenience(lenience)
@@ -142,10 +150,6 @@ def decode(target: str = gin.REQUIRED, input_file: Optional[str] = None,
     for name, value in (("dtype", dtype), ("activation_dtype", activation_dtype)):
         if value not in DTYPES:
             raise ValueError(f"{name} must be one of {DTYPES[1:]}, got {value!r}")
-    if max_new_tokens is not None:
-        if max_decode_len != 64 and max_decode_len != max_new_tokens:
-            raise ValueError("give max_new_tokens or max_decode_len, not both")
-        max_decode_len = check_int("max_new_tokens", max_new_tokens, 1)
     if (prompt is None) == (input_file is None):
         raise ValueError("decode needs --input_file (with --output) or --prompt, not both"
                          if prompt is not None else "decode needs --input_file and --output, or --prompt")
