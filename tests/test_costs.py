@@ -1,5 +1,6 @@
 """The cost model (speculative_t5.measure.costs): its arithmetic, its JSON form, and that
 `measure_costs` times every part it needs (no timing is asserted: the machines are shared)."""
+import numpy as np
 import pytest
 
 import speculative_t5 as st
@@ -24,6 +25,16 @@ def test_cost_formulas():
         0.001 + 0.0004 + 5 * (0.005 + 4 * 0.0002 + 0.0001) + 3 * 0.0001)
     with pytest.raises(KeyError):
         c.plain_seconds(128, 1)  # a width whose set-up was not measured is not guessed
+    # a round's model steps timed in turn (R_4) replace verify + 4 draft steps; a Fallback
+    # (model steps counted) is still charged per step
+    r = Costs(**{**c.__dict__, "model_round": {4: 0.0062}})
+    assert r.speculative_seconds(32, 4, 5, 3) == pytest.approx(
+        0.001 + 0.0004 + 5 * (0.0062 + 0.0001) + 3 * 0.0001)
+    assert r.interleave(4) == pytest.approx(0.0004) and r.interleave(7) == 0 == c.interleave(4)
+    assert r.speculative_seconds(32, 4, 5, 1, model_steps=8) == c.speculative_seconds(
+        32, 4, 5, 1, model_steps=8)
+    assert r.speculative_seconds(32, 7, 5, 3) == c.speculative_seconds(32, 7, 5, 3)
+    assert r.speculative_seconds(32, 4, 5, 3, model_steps=20) == r.speculative_seconds(32, 4, 5, 3)
 
 
 def test_fallback_model_charged_for_the_steps_it_ran():
@@ -39,7 +50,7 @@ def test_measure_costs_of_zero_cost_drafts():
     target = st.init_model(tiny_config(), seed=0)
     lookup = PartTimers(target, st.drafts.PromptLookup(), gammas=[3], widths=[8],
                         step_width=8, cache_len=12)
-    assert not {"draft_1", "draft_2", "setup_draft_8"} & set(lookup.timers)  # nothing to time
+    assert not {"draft_1", "draft_2", "setup_draft_8", "round_3"} & set(lookup.timers)  # nothing to time
     lookup = lookup.measure(rounds=2)
     assert lookup.c == 0 and lookup.draft_two == 0 and lookup.setup[8]["draft"] == 0
     assert lookup.round_loop[3] > 0 and lookup.target_step > 0
@@ -47,6 +58,7 @@ def test_measure_costs_of_zero_cost_drafts():
     both = PartTimers(target, st.drafts.Fallback(st.drafts.PromptLookup(), draft), gammas=[3],
                       widths=[8], step_width=8, cache_len=12)
     assert {"draft_1", "draft_2", "setup_draft_8"} <= set(both.timers)
+    assert "round_3" not in both.timers  # its model drafts in some rounds only
     both = both.measure(rounds=2)
     assert both.c > 0 and both.draft_two > 0 and both.setup[8]["draft"] >= 0
 
@@ -63,9 +75,9 @@ def test_measure_costs_times_every_part():
     c = measure_costs(target, draft, gammas=[3], widths=[8, 16], step_width=8, cache_len=12,
                       rounds=2)
     assert set(c.verify) == {3} and set(c.setup) == {8, 16}
-    assert set(c.round_loop) == {3}
+    assert set(c.round_loop) == {3} and set(c.model_round) == {3}
     parts = [c.target_step, c.draft_step, c.draft_two, *c.verify.values(), c.plain_loop,
-             *c.round_loop.values()]
+             *c.round_loop.values(), *c.model_round.values()]
     assert all(t > 0 for t in parts)
     assert all(t >= 0 for s in c.setup.values() for t in s.values())  # less a step: >= 0
     assert c.speculative_seconds(16, 3, 2, 1) > c.setup[16]["target"] + c.setup[16]["draft"]
@@ -114,8 +126,31 @@ def test_part_timers_once_times_one_width():
     measured = timers.measure(rounds=1)  # compiles and warms every timer, as a cell does
     once = timers.once(16)
     assert set(once) == {"target_1", "target_3", "draft_1", "draft_2", "loop_0", "loop_2",
-                         "setup_target_16", "setup_draft_16"}
+                         "round_2", "setup_target_16", "setup_draft_16"}
     assert set(measured.parts()) == set(once) | {"setup_target_8", "setup_draft_8"}
     # a set-up part is its timer's call less one step: never negative; every step costs
     assert all(t > 0 for n, t in once.items() if not n.startswith("setup_"))
     assert all(t >= 0 for t in [*once.values(), *measured.parts().values()])
+
+
+def test_round_timer_runs_a_rounds_model_steps():
+    """One timed round = gamma draft steps each fed the last's argmax, then the target over
+    the gamma + 1 tokens: its last token is the target's argmax after that, as composed here
+    step by step with the models' own decode calls."""
+    import jax.numpy as jnp
+    from speculative_t5.measure.timing import round_timer
+    from speculative_t5.model.api import decode, init_cache
+    target = st.init_model(tiny_config(), seed=0)
+    draft = st.init_model(tiny_config(num_decoder_layers=1), seed=1)
+    run = round_timer(target, draft, 3, width=8, cache_len=16, rounds=1, seed=4)
+    got = run()
+    rng = np.random.RandomState(4)
+    x = jnp.asarray(rng.randint(2, target.config.vocab_size, (1, 8)), jnp.int32)
+    toks = [jnp.asarray(rng.randint(2, target.config.vocab_size, (1, 1)), jnp.int32)]
+    pos = jnp.full((1,), 8, jnp.int32)
+    dc, tc = init_cache(draft, x, 16), init_cache(target, x, 16)
+    for j in range(3):
+        logits, dc = decode(draft, dc, toks[-1], pos + j)
+        toks.append(jnp.argmax(logits, -1).astype(jnp.int32))
+    logits, _ = decode(target, tc, jnp.concatenate(toks, 1), pos)
+    assert int(got[0, 0]) == int(jnp.argmax(logits[0, -1]))

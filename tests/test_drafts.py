@@ -314,6 +314,8 @@ def test_fallback_and_draft_stop_greedy_equal_plain(greedy_case, gamma):
             "fallback draft_stop": dict(draft=st.drafts.Fallback(PromptLookup(2, 2), perturbed),
                                         draft_stop=0.1)}
     for name, kw in runs.items():
+        if gamma == 7 and name in ("fallback", "draft_stop"):  # each is in a combined run too
+            continue
         out = st.generate(target, inputs, gamma=gamma, max_decode_len=MAX_LEN, **kw)
         np.testing.assert_array_equal(out.tokens, plain.tokens, err_msg=name)
         np.testing.assert_array_equal(out.lengths, plain.lengths, err_msg=name)

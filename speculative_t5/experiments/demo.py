@@ -200,7 +200,8 @@ SETTING_KEYS = ("alpha", "alpha_ci95", "positions", "c", "v", "gamma", "tokens_p
                 "tokens_per_call_predicted", "speedup_measured", "speedup_predicted_full",
                 "speedup_predicted", "speedup_predicted_paper", "measured_over_full",
                 "plain_measured_over_predicted", "spec_measured_over_predicted",
-                "tokens_per_s_plain", "tokens_per_s_spec", "target_step_ms", "compile_seconds")
+                "tokens_per_s_plain", "tokens_per_s_spec", "target_step_ms", "interleave_ms",
+                "compile_seconds")
 
 
 def _summary(greedy: Dict, sampled: Dict, sweep: Dict, output_dir: str, temperature: float) -> Dict:

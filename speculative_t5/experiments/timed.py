@@ -66,6 +66,8 @@ def cell_costs(run: RunDir, cell: Cell, target, draft, gammas: Sequence[int],
               "step_ms": {"target_1": 1e3 * costs.target_step, "draft_1": 1e3 * costs.draft_step},
               "loop_ms": {"plain_step": 1e3 * costs.plain_loop,
                           **{f"round_{g}": 1e3 * costs.round_loop[g] for g in gammas}},
+              # a round's model steps in turn (R_gamma) beyond the steps timed alone
+              "interleave_ms": {str(g): 1e3 * costs.interleave(g) for g in gammas},
               "target_step_bytes": decoder_step_bytes(target), "compile_seconds": 0.0}
     save_timing(run, timing)
     return timing, timers

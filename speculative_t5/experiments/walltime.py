@@ -129,6 +129,8 @@ def summarize(cell: Cell, run: RunDir) -> Dict[str, Any]:
                tokens_per_s_plain=sum(r["plain"]["length"] for r in recs) / sec["plain"],
                tokens_per_s_spec=spec["tokens"] / sec["spec"],
                target_step_ms=1e3 * costs.target_step,  # T, inside a compiled loop
+               # a round's model steps in turn beyond their parts timed alone (R - vT - g cT)
+               interleave_ms=1e3 * costs.interleave(g),
                # the weights a one-token target step reads, per its time: bandwidth achieved
                weights_gb_per_s=timing["target_step_bytes"] / costs.target_step / 1e9,
                compile_seconds=timing["compile_seconds"])

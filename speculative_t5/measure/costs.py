@@ -3,7 +3,7 @@ device, none of them fitted to the decodes it predicts.
 
     plain decode        = setup_target(W) + calls * (T + L_1)
     speculative decode  = setup_target(W) + setup_draft(W)
-                          + rounds * (v T + gamma c T + L_gamma) + two_token_calls * (T_d2 - c T)
+                          + rounds * (R_gamma + L_gamma) + two_token_calls * (T_d2 - c T)
 
 setup_*(W): one model's encoder, cross-attention keys/values and cache allocation for an
 input of width W, timed with the decode's first one-token step in one jitted call (so its
@@ -12,7 +12,11 @@ first pass over the weights from a colder cache (`timing.setup_timer`); T: a one
 step; v T: a target step over gamma+1 tokens (the verify pass); c T: a one-token draft step;
 T_d2: a draft step over two tokens (the first draft call after a round that accepted every
 draft). Steps are timed inside one compiled loop, as the decode loop runs them
-(`timing.step_timer`). L_1, L_gamma: the decode loop's own work per plain step and per
+(`timing.step_timer`). R_gamma: a round's model steps, gamma draft steps then the verify
+pass, timed as one compiled loop of rounds with the two models in turn (`timing.round_timer`):
+what v T + gamma c T, each model timed alone, leave out (one model's pass evicting the
+other's weights from the caches) is there; without it (a cost model from parts alone) it is
+v T + gamma c T. L_1, L_gamma: the decode loop's own work per plain step and per
 speculative round (sampling, the accept test, writing tokens, statistics), timed by running
 the loops with model steps that cost nothing (`timing.loop_timer`), at the decode's own
 sampling settings (a sampled round does more work than an argmax one). Rounds, calls and
@@ -31,6 +35,8 @@ drafted, none for a round the lookup served), in place of gamma per round:
 
     speculative  = ... + rounds * (v T + L_gamma) + draft_model_steps * c T + ...
 
+(no R_gamma: the model drafts in some rounds only).
+
 Left out for a Fallback: after lookup rounds its model catches up in (gamma+1)-token feeds,
 charged as one two-token call (T_d2 - c T) each. `timed_parts` says which parts a cell's
 draft had timed (timing.json keeps it).
@@ -46,7 +52,7 @@ from speculative_t5.decoding.drafts import Fallback
 from speculative_t5.decoding.sampling import SamplingConfig
 from speculative_t5.generate import draft_models
 from speculative_t5.measure.timing import (interleaved_medians, loop_kind, loop_timer,
-                                           setup_timer, step_timer)
+                                           round_timer, setup_timer, step_timer)
 from speculative_t5.model.api import Model
 
 
@@ -62,6 +68,8 @@ class Costs:
     round_loop: Dict[int, float]       # gamma -> L_gamma: the speculative loop's per round
     step_width: int                    # the input width the steps were timed at
     cache_len: int
+    model_round: Dict[int, float] = dataclasses.field(default_factory=dict)
+    # gamma -> R_gamma: a round's model steps, both models in turn (a draft model only)
 
     @property
     def c(self) -> float:
@@ -76,28 +84,41 @@ class Costs:
     def speculative_seconds(self, width: int, gamma: int, rounds: int, two_token_calls: int,
                             model_steps: Optional[int] = None) -> float:
         """model_steps: the draft-model steps the decode ran (default gamma per round, what a
-        draft model alone runs)."""
+        draft model alone runs); where that is gamma every round, a round's model steps are
+        R_gamma (timed in turn) if it was timed."""
         setup = self.setup[width]
         model_steps = rounds * gamma if model_steps is None else model_steps
-        return (setup["target"] + setup["draft"]
-                + rounds * (self.verify[gamma] + self.round_loop[gamma])
-                + model_steps * self.draft_step
+        if model_steps == rounds * gamma and gamma in self.model_round:  # gamma every round
+            steps = rounds * self.model_round[gamma]
+        else:
+            steps = rounds * self.verify[gamma] + model_steps * self.draft_step
+        return (setup["target"] + setup["draft"] + steps + rounds * self.round_loop[gamma]
                 + two_token_calls * (self.draft_two - self.draft_step))
+
+    def interleave(self, gamma: int) -> float:
+        """Seconds a round's model steps cost in turn beyond their parts timed alone:
+        R_gamma - (v T + gamma c T) (0 where R_gamma was not timed)."""
+        if gamma not in self.model_round:
+            return 0.0
+        return self.model_round[gamma] - self.verify[gamma] - gamma * self.draft_step
 
     def to_json(self) -> Dict[str, Any]:
         out = dataclasses.asdict(self)
         out["verify"] = {str(g): t for g, t in self.verify.items()}
         out["setup"] = {str(w): s for w, s in self.setup.items()}
         out["round_loop"] = {str(g): t for g, t in self.round_loop.items()}
+        out["model_round"] = {str(g): t for g, t in self.model_round.items()}
         return out
 
     def parts(self) -> Dict[str, float]:
         """The parts by name, as `PartTimers` names them: target_1 (T), target_{g+1} (v T),
-        draft_1 (c T), draft_2 (T_d2), setup_{target,draft}_{W}, loop_0 (L_1), loop_{g}."""
+        draft_1 (c T), draft_2 (T_d2), setup_{target,draft}_{W}, loop_0 (L_1), loop_{g},
+        round_{g} (R_gamma)."""
         out = {"target_1": self.target_step, "draft_1": self.draft_step,
                "draft_2": self.draft_two, "loop_0": self.plain_loop}
         out.update({f"target_{g + 1}": t for g, t in self.verify.items()})
         out.update({f"loop_{g}": t for g, t in self.round_loop.items()})
+        out.update({f"round_{g}": t for g, t in self.model_round.items()})
         for w, s in self.setup.items():
             out.update({f"setup_{role}_{w}": t for role, t in s.items()})
         return out
@@ -116,7 +137,8 @@ class Costs:
                    draft_two=parts.get("draft_2", 0.0),
                    verify={g: parts[f"target_{g + 1}"] for g in gammas}, setup=setup,
                    plain_loop=parts["loop_0"], round_loop={g: parts[f"loop_{g}"] for g in gammas},
-                   step_width=step_width, cache_len=cache_len)
+                   step_width=step_width, cache_len=cache_len,
+                   model_round={g: parts[f"round_{g}"] for g in gammas if f"round_{g}" in parts})
 
     def median_with(self, measured: Sequence[Dict[str, float]]) -> "Costs":
         """These costs with each part replaced by its median over `measured` (parts timed
@@ -134,6 +156,7 @@ class Costs:
         d["verify"] = {int(g): t for g, t in d["verify"].items()}
         d["setup"] = {int(w): s for w, s in d["setup"].items()}
         d["round_loop"] = {int(g): t for g, t in d["round_loop"].items()}
+        d["model_round"] = {int(g): t for g, t in d.get("model_round", {}).items()}
         return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
 
 
@@ -157,7 +180,8 @@ def draft_label(draft) -> str:
 def timed_parts(draft) -> Dict[str, Any]:
     """What `measure_costs` timed for this draft, for timing.json."""
     model = draft_model(draft)
-    proposing = ("draft-model steps (c T, T_d2), their set-up; the loop (L_gamma) with free "
+    proposing = ("draft-model steps (c T, T_d2), their set-up, a round's model steps in turn "
+                 "(R_gamma); the loop (L_gamma) with free "
                  "model steps" if loop_kind(draft)[0] == "model" else
                  "the zero-cost draft itself inside the loop timer (L_gamma: its work on a "
                  "random input of the steps' width), with free model steps for a fallback's model")
@@ -186,6 +210,10 @@ class PartTimers:
             specs.update(draft_1=(model, 1), draft_2=(model, 2))
         self.timers = {name: (step_timer(m, 1, K, step_width, cache_len, cache_len // 2, STEPS),
                               STEPS) for name, (m, K) in specs.items()}     # name -> (fn, units)
+        if isinstance(draft, Model):            # a draft model drafts every round: R_gamma
+            for g in gammas:
+                self.timers[f"round_{g}"] = (round_timer(target, draft, g, step_width, cache_len,
+                                                         STEPS), STEPS)
         self.widths = {}                      # the set-up timers' names by input width
         for w in widths:
             for role, m in (("target", target), ("draft", model)):

@@ -38,6 +38,41 @@ def _setup_and_step(model: Model, x, lengths, cache_len: int):
     return decode(model, cache, x[:, :1], jnp.zeros((1,), jnp.int32))
 
 
+def round_timer(target: Model, draft: Model, gamma: int, width: int, cache_len: int,
+                rounds: int, seed: int = 0) -> Callable[[], Any]:
+    """A no-argument function running `rounds` speculative rounds' model steps in one jitted
+    loop: gamma one-token draft steps (each fed the last's argmax), then the target's pass
+    over the gamma + 1 tokens, both caches donated; divide its time by `rounds`. The two
+    models run in turn, as in a decode (each step timer runs one model alone, so what one
+    model's pass costs the other's next, e.g. in evicted caches, shows only here). No accept
+    test or sampling: that is the loop's own work (`loop_timer`)."""
+    rng = np.random.RandomState(seed)
+    x = jnp.asarray(rng.randint(2, target.config.vocab_size, (1, width)), jnp.int32)
+    state = {m: (prefill_cache(model, x, jnp.full((1,), width), cache_len) if model.decoder_only
+                 else init_cache(model, x, cache_len)) for m, model in (("t", target), ("d", draft))}
+    tok = jnp.asarray(rng.randint(2, target.config.vocab_size, (1, 1)), jnp.int32)   # [1, 1]
+    pos = jnp.full((1,), cache_len // 2, jnp.int32)
+
+    def run():
+        state["t"], state["d"], out = _rounds(target, draft, state["t"], state["d"], tok, pos,
+                                              gamma, rounds)
+        return out
+    return run
+
+
+@functools.partial(jax.jit, static_argnums=(6, 7), donate_argnums=(2, 3))
+def _rounds(target: Model, draft: Model, tcache, dcache, tok, pos, gamma: int, n: int):
+    def body(_, carry):
+        tcache, dcache, tok = carry
+        toks = [tok]                                                           # [1, 1] each
+        for j in range(gamma):
+            logits, dcache = decode(draft, dcache, toks[-1], pos + j)          # [1, 1, V]
+            toks.append(jnp.argmax(logits, -1).astype(jnp.int32))
+        logits, tcache = decode(target, tcache, jnp.concatenate(toks, 1), pos)  # [1, g+1, V]
+        return tcache, dcache, jnp.argmax(logits[:, -1:], -1).astype(jnp.int32)
+    return jax.lax.fori_loop(0, n, body, (tcache, dcache, tok))
+
+
 @functools.partial(jax.jit, static_argnames=("gamma", "max_len", "top_k", "top_p", "kind"))
 def _free_loop(logits_row, rng, temperature, input_ids, zero_cost, *, gamma: int, max_len: int,
                top_k: int, top_p: float, kind: str = "model"):
