@@ -10,8 +10,8 @@ rounds' worth of tokens, speculative decodes of the same lengths. What the parts
 explain (measured - predicted) is printed per token (plain) and per round (speculative):
 the loops' own work (sampling, accept test, emit) and dispatch. Each decode is also timed
 from a cold cache (a 400 MB buffer written just before it): the parts are timed warm, and
-what a decode pays more from a cold start shows there. A round's model steps are also
-timed as one compiled loop of rounds (both models in turn) beside the sum of their parts.
+what a decode pays more from a cold start shows there. A round's model steps timed as one
+compiled loop of rounds (both models in turn, R_gamma) are printed beside v T + gamma c T.
 Medians of interleaved repetitions,
 compile excluded; the machine is shared, so compare ratios.
 """
@@ -46,11 +46,10 @@ def main():
         print(f"\ninput width {w}: loop work per plain step {1e3 * costs.plain_loop:.3f}, per round {1e3 * costs.round_loop[g]:.3f}; set-up target {1e3 * s['target']:.2f}, draft {1e3 * s['draft']:.2f}; "
               f"T {1e3 * costs.target_step:.2f}, v {costs.v(g):.2f}, c {costs.c:.3f}, "
               f"two-token draft call {1e3 * costs.draft_two:.2f}")
-        composed = _composed_round(target, draft, g, x, cache_len, args.repeats)
-        parts = costs.verify[g] + g * costs.draft_step
+        composed = costs.model_round[g]  # R_gamma, `timing.round_timer`
         print(f"  a round's model steps in one compiled loop of rounds (gamma draft steps, then the "
-              f"verify pass): {1e3 * composed:.3f} against their parts {1e3 * parts:.3f} "
-              f"({1e3 * (composed - parts):+.3f})")
+              f"verify pass), a part of the cost model: {1e3 * composed:.3f} against v T + gamma c T "
+              f"{1e3 * (composed - costs.interleave(g)):.3f} ({1e3 * costs.interleave(g):+.3f})")
         fns, outs = {}, {}
         for n in lengths:
             fns[("plain", n)] = lambda n=n: st.generate(target, x, max_decode_len=n)
@@ -74,58 +73,16 @@ def main():
 
 
 FLUSH_MB = 400
-ROUNDS = 16
-
-
-def _composed_round(target, draft, gamma, x, cache_len, repeats):
-    """Seconds per round of a compiled loop of ROUNDS rounds: gamma one-token draft steps
-    (each fed the last's argmax), then one target pass over the gamma + 1 tokens -- the
-    model steps of a speculative round without its accept test, both models in turn (each
-    part times one model alone)."""
-    import functools
-    import jax
-    import jax.numpy as jnp
-    from speculative_t5.measure.timing import interleaved_medians
-    from speculative_t5.model.api import decode, init_cache
-
-    @functools.partial(jax.jit, donate_argnums=(0, 1))
-    def rounds(tc, dc, tok, pos):
-        def body(i, c):
-            tc, dc, tok = c
-            p = pos + (i % 4)
-            xs = [tok]
-            for j in range(gamma):
-                logits, dc = decode(draft, dc, xs[-1], p + j)
-                xs.append(jnp.argmax(logits, -1).astype(jnp.int32))
-            logits, tc = decode(target, tc, jnp.concatenate(xs, 1), p)
-            return tc, dc, jnp.argmax(logits[:, -1:], -1).astype(jnp.int32)
-        return jax.lax.fori_loop(0, ROUNDS, body, (tc, dc, tok))
-
-    state = {"t": init_cache(target, x, cache_len), "d": init_cache(draft, x, cache_len)}
-    tok, pos = jnp.ones((1, 1), jnp.int32), jnp.full((1,), cache_len // 2 - gamma, jnp.int32)
-
-    def run():
-        state["t"], state["d"], out = rounds(state["t"], state["d"], tok, pos)
-        return out
-    return interleaved_medians({"r": run}, repeats, warmup=2)["r"] / ROUNDS
-
-
 def _after_flush(fns, repeats):
     """Median seconds of each decode when it starts from a cold cache: a buffer larger than
     the last-level cache is written just before (the parts are timed warm, repeated in a
     loop; a decode's first passes over the weights may read them from memory)."""
-    import statistics
-    import time
     import numpy as np
     big = np.zeros(FLUSH_MB * 2 ** 20 // 8)
-    times = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, fn in fns.items():
-            big += 1.0
-            t0 = time.perf_counter()
-            fn().tokens  # GenerateOutput: on the host already
-            times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
+
+    def flush():
+        big.__iadd__(1.0)
+    return interleaved_medians(fns, repeats, warmup=0, before=flush)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import statistics
 import time
-from typing import Any, Callable, Dict, NamedTuple, Tuple
+from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -35,14 +35,18 @@ def _block(x):
     return x
 
 
-def interleaved_medians(fns: Dict[str, Callable[[], Any]], rounds: int, warmup: int = 1) -> Dict[str, float]:
-    """Median seconds per call of each fn, timing them in turn within every round."""
+def interleaved_medians(fns: Dict[str, Callable[[], Any]], rounds: int, warmup: int = 1,
+                        before: Optional[Callable[[], Any]] = None) -> Dict[str, float]:
+    """Median seconds per call of each fn, timing them in turn within every round;
+    `before` (untimed) runs before each timed call (e.g. a cache flush)."""
     for fn in fns.values():
         for _ in range(warmup):
             _block(fn())
     times = {k: [] for k in fns}
     for _ in range(rounds):
         for k, fn in fns.items():
+            if before is not None:
+                before()
             t0 = time.perf_counter()
             _block(fn())
             times[k].append(time.perf_counter() - t0)

@@ -211,7 +211,10 @@ def test_killed_run_resumes_without_gaps_or_repeats(tmp_path, pair, spm, monkeyp
         assert f.read().endswith('{"id": "validation-1')  # the torn line the kill left
     first = {c: RunDir(os.path.join(out, c)).records() for c in ("a_t0", "b_t1")}
     assert [len(r) for r in first.values()] == [3, 1]
+    costs = {c: json.load(open(os.path.join(out, c, "timing.json")))["costs"] for c in first}
     rows = paper.run("walltime_table", cells, out, **args)
+    for c in first:  # a resumed cell keeps the costs it started with
+        assert json.load(open(os.path.join(out, c, "timing.json")))["costs"] == costs[c]
     for c in ("a_t0", "b_t1"):
         recs = _records(os.path.join(out, c, "examples.jsonl"))
         assert sorted(r["id"] for r in recs) == ["validation-0", "validation-1", "validation-2"]

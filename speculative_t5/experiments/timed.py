@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Dict, Iterator, List, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import jax
 
@@ -30,7 +30,8 @@ def save_timing(run: RunDir, timing: Dict[str, Any]) -> None:
         json.dump(timing, f, indent=2)
 
 
-_MEASURED: Dict[tuple, Tuple[PartTimers, Costs]] = {}  # within one grid run (run_grid clears it)
+# within one grid run (run_grid clears it); costs None: timers only warmed (resumed cells)
+_MEASURED: Dict[tuple, Tuple[PartTimers, Optional[Costs]]] = {}
 
 
 def forget_costs() -> None:
@@ -52,15 +53,20 @@ def cell_costs(run: RunDir, cell: Cell, target, draft, gammas: Sequence[int],
     key = (cell.target, cell.draft, cell.dtype, tuple(gammas), tuple(sorted(set(widths))),
            widths[len(widths) // 2], cache_len,
            cell.sampling)  # the loop's own work: sampling costs more than argmax
+    path = os.path.join(run.path, "timing.json")
+    saved = load_timing(run) if os.path.exists(path) else None
+    if saved is not None and not all(str(g) in saved["costs"].get("round_loop", {}) for g in gammas):
+        saved = None                                    # from an older version: measure anew
     if key not in _MEASURED:  # cells of one grid run with the same models and lengths share them
         timers = PartTimers(target, draft, *key[3:])
-        _MEASURED[key] = timers, timers.measure(rounds)
+        # a resumed cell keeps the costs it started with: its timers need only compiling
+        _MEASURED[key] = timers, (timers.measure(rounds) if saved is None else timers.warm())
     timers, costs = _MEASURED[key]
-    path = os.path.join(run.path, "timing.json")
-    if os.path.exists(path):
-        saved = load_timing(run)
-        if all(str(g) in saved["costs"].get("round_loop", {}) for g in gammas):
-            return saved, timers
+    if saved is not None:
+        return saved, timers
+    if costs is None:     # measured for nothing so far (shared by resumed cells only)
+        costs = timers.measure(rounds)
+        _MEASURED[key] = timers, costs
     timing = {"costs": costs.to_json(), "c": costs.c, "draft_parts": timed_parts(draft),
               "v": {str(g): costs.v(g) for g in gammas},
               "step_ms": {"target_1": 1e3 * costs.target_step, "draft_1": 1e3 * costs.draft_step},

@@ -46,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, Optional, Sequence
 
+import jax
 import numpy as np
 
 from speculative_t5.decoding.drafts import Fallback
@@ -234,6 +235,11 @@ class PartTimers:
         med = interleaved_medians({n: self.timers[n][0] for n in self._names(None)}, rounds,
                                   warmup)
         return Costs.from_parts(self._parts(med), self.step_width, self.cache_len)
+
+    def warm(self) -> None:
+        """Run every timer once (compiling it), timing nothing."""
+        for name in self._names(None):
+            jax.block_until_ready(self.timers[name][0]())
 
     def once(self, width: int) -> Dict[str, float]:
         """Each part timed once more (set-up at this input width only): {name: seconds}."""
