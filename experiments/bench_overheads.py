@@ -50,13 +50,16 @@ def main():
         print(f"  a round's model steps in one compiled loop of rounds (gamma draft steps, then the "
               f"verify pass), a part of the cost model: {1e3 * composed:.3f} against v T + gamma c T "
               f"{1e3 * (composed - costs.interleave(g)):.3f} ({1e3 * costs.interleave(g):+.3f})")
-        fns, outs = {}, {}
+        fns, outs = {"one": lambda: st.generate(target, x, max_decode_len=1)}, {}
         for n in lengths:
             fns[("plain", n)] = lambda n=n: st.generate(target, x, max_decode_len=n)
             fns[("spec", n)] = lambda n=n: st.generate(target, x, draft=draft, gamma=g, max_decode_len=n)
             outs[("plain", n)], outs[("spec", n)] = fns[("plain", n)]().row(0), fns[("spec", n)]().row(0)
         med = interleaved_medians(fns, args.repeats, warmup=1)
         cold = _after_flush(fns, args.repeats)
+        print(f"  a 1-token plain decode (st.generate's own Python and dispatch, at most, beyond "
+              f"its parts): {1e3 * med['one']:.2f} against its parts {1e3 * costs.plain_seconds(w, 1):.2f} "
+              f"({1e3 * (med['one'] - costs.plain_seconds(w, 1)):+.2f})")
         for n in lengths:
             plain, spec = outs[("plain", n)], outs[("spec", n)]
             pp = costs.plain_seconds(w, plain["target_calls"])
