@@ -8,7 +8,8 @@ the model's prediction, for short and long inputs.
 EOS is switched off so every decode runs exactly its length: plain decodes of 2 and 6
 rounds' worth of tokens, speculative decodes of the same lengths. What the parts do not
 explain (measured - predicted) is printed per token (plain) and per round (speculative):
-the loops' own work (sampling, accept test, emit) and dispatch. Each decode is also timed
+the loops' own work (sampling, accept test, emit) and dispatch; the longer decode less the
+shorter gives the marginal plain step and round, beside their parts. Each decode is also timed
 from a cold cache (a 400 MB buffer written just before it): the parts are timed warm, and
 what a decode pays more from a cold start shows there. A round's model steps timed as one
 compiled loop of rounds (both models in turn, R_gamma) are printed beside v T + gamma c T.
@@ -73,9 +74,21 @@ def main():
             print(f"    from a cold cache (after writing {FLUSH_MB} MB): plain {1e3 * cold[('plain', n)]:.2f} "
                   f"({1e3 * (cold[('plain', n)] - mp):+.2f}), spec {1e3 * cold[('spec', n)]:.2f} "
                   f"({1e3 * (cold[('spec', n)] - ms):+.2f})")
+        # the marginal step / round: the longer decode less the shorter, per extra call, which
+        # leaves out what a decode pays once (set-up, dispatch, a cold start)
+        (a, b), o = lengths, outs
+        step = (med[("plain", b)] - med[("plain", a)]) / (o[("plain", b)]["target_calls"] - o[("plain", a)]["target_calls"])
+        rnd = (med[("spec", b)] - med[("spec", a)]) / (o[("spec", b)]["target_calls"] - o[("spec", a)]["target_calls"])
+        print(f"  marginal cost in whole decodes ({a} -> {b} tokens): a plain step {1e3 * step:.3f} against "
+              f"T + L_1 {1e3 * (costs.target_step + costs.plain_loop):.3f}; a round {1e3 * rnd:.3f} against "
+              f"R + L_gamma {1e3 * (costs.model_round[g] + costs.round_loop[g]):.3f} "
+              f"({1e3 * (rnd - costs.model_round[g] - costs.round_loop[g]):+.3f}: inside the real loop "
+              "body, in neither part)")
 
 
 FLUSH_MB = 400
+
+
 def _after_flush(fns, repeats):
     """Median seconds of each decode when it starts from a cold cache: a buffer larger than
     the last-level cache is written just before (the parts are timed warm, repeated in a

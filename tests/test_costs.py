@@ -19,6 +19,11 @@ def test_cost_formulas():
     c = _costs()
     assert c.c == pytest.approx(0.05) and c.v(4) == pytest.approx(1.25)
     assert c.plain_seconds(64, 20) == pytest.approx(0.002 + 20 * (0.004 + 0.00001))
+    # st.generate's own cost per call, charged alike to both decoders
+    called = Costs(**{**c.__dict__, "call": 0.003})
+    assert called.plain_seconds(64, 20) == pytest.approx(c.plain_seconds(64, 20) + 0.003)
+    assert called.speculative_seconds(32, 4, 5, 3) == pytest.approx(
+        c.speculative_seconds(32, 4, 5, 3) + 0.003)
     # 5 rounds of (verify + 4 draft steps + the loop's work), 3 of them starting with a
     # two-token draft call
     assert c.speculative_seconds(32, 4, 5, 3) == pytest.approx(
@@ -125,9 +130,10 @@ def test_part_timers_once_times_one_width():
     timers = PartTimers(target, draft, gammas=[2], widths=[8, 16], step_width=8, cache_len=12)
     measured = timers.measure(rounds=1)  # compiles and warms every timer, as a cell does
     once = timers.once(16)
+    # and the target's set-up at the steps' width (8), which `call` is reckoned from
     assert set(once) == {"target_1", "target_3", "draft_1", "draft_2", "loop_0", "loop_2",
-                         "round_2", "setup_target_16", "setup_draft_16"}
-    assert set(measured.parts()) == set(once) | {"setup_target_8", "setup_draft_8"}
+                         "round_2", "call", "setup_target_16", "setup_draft_16", "setup_target_8"}
+    assert set(measured.parts()) == set(once) | {"setup_draft_8"}
     # a set-up part is its timer's call less one step: never negative; every step costs
     assert all(t > 0 for n, t in once.items() if not n.startswith("setup_"))
     assert all(t >= 0 for t in [*once.values(), *measured.parts().values()])

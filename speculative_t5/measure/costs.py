@@ -1,10 +1,13 @@
 """The cost model: a decode's walltime predicted from parts measured separately on the
 device, none of them fitted to the decodes it predicts.
 
-    plain decode        = setup_target(W) + calls * (T + L_1)
-    speculative decode  = setup_target(W) + setup_draft(W)
+    plain decode        = call + setup_target(W) + calls * (T + L_1)
+    speculative decode  = call + setup_target(W) + setup_draft(W)
                           + rounds * (R_gamma + L_gamma) + two_token_calls * (T_d2 - c T)
 
+call: what a call of `st.generate` pays besides the device's work (argument checks, keys,
+dispatch, moving the output to the host): a 1-token plain decode at the steps' width less
+its set-up, step and loop parts (`timing.call_timer`), charged alike to both decoders.
 setup_*(W): one model's encoder, cross-attention keys/values and cache allocation for an
 input of width W, timed with the decode's first one-token step in one jitted call (so its
 dispatch is in it too) less a steady-state step: what a decode pays once, including its
@@ -52,8 +55,8 @@ import numpy as np
 from speculative_t5.decoding.drafts import Fallback
 from speculative_t5.decoding.sampling import SamplingConfig
 from speculative_t5.generate import draft_models
-from speculative_t5.measure.timing import (interleaved_medians, loop_kind, loop_timer,
-                                           round_timer, setup_timer, step_timer)
+from speculative_t5.measure.timing import (call_timer, interleaved_medians, loop_kind,
+                                           loop_timer, round_timer, setup_timer, step_timer)
 from speculative_t5.model.api import Model
 
 
@@ -71,6 +74,7 @@ class Costs:
     cache_len: int
     model_round: Dict[int, float] = dataclasses.field(default_factory=dict)
     # gamma -> R_gamma: a round's model steps, both models in turn (a draft model only)
+    call: float = 0.0                  # st.generate's own cost per decode
 
     @property
     def c(self) -> float:
@@ -80,7 +84,7 @@ class Costs:
         return self.verify[gamma] / self.target_step
 
     def plain_seconds(self, width: int, calls: int) -> float:
-        return self.setup[width]["target"] + calls * (self.target_step + self.plain_loop)
+        return self.call + self.setup[width]["target"] + calls * (self.target_step + self.plain_loop)
 
     def speculative_seconds(self, width: int, gamma: int, rounds: int, two_token_calls: int,
                             model_steps: Optional[int] = None) -> float:
@@ -93,7 +97,7 @@ class Costs:
             steps = rounds * self.model_round[gamma]
         else:
             steps = rounds * self.verify[gamma] + model_steps * self.draft_step
-        return (setup["target"] + setup["draft"] + steps + rounds * self.round_loop[gamma]
+        return (self.call + setup["target"] + setup["draft"] + steps + rounds * self.round_loop[gamma]
                 + two_token_calls * (self.draft_two - self.draft_step))
 
     def interleave(self, gamma: int) -> float:
@@ -114,9 +118,9 @@ class Costs:
     def parts(self) -> Dict[str, float]:
         """The parts by name, as `PartTimers` names them: target_1 (T), target_{g+1} (v T),
         draft_1 (c T), draft_2 (T_d2), setup_{target,draft}_{W}, loop_0 (L_1), loop_{g},
-        round_{g} (R_gamma)."""
+        round_{g} (R_gamma), call."""
         out = {"target_1": self.target_step, "draft_1": self.draft_step,
-               "draft_2": self.draft_two, "loop_0": self.plain_loop}
+               "draft_2": self.draft_two, "loop_0": self.plain_loop, "call": self.call}
         out.update({f"target_{g + 1}": t for g, t in self.verify.items()})
         out.update({f"loop_{g}": t for g, t in self.round_loop.items()})
         out.update({f"round_{g}": t for g, t in self.model_round.items()})
@@ -139,7 +143,8 @@ class Costs:
                    verify={g: parts[f"target_{g + 1}"] for g in gammas}, setup=setup,
                    plain_loop=parts["loop_0"], round_loop={g: parts[f"loop_{g}"] for g in gammas},
                    step_width=step_width, cache_len=cache_len,
-                   model_round={g: parts[f"round_{g}"] for g in gammas if f"round_{g}" in parts})
+                   model_round={g: parts[f"round_{g}"] for g in gammas if f"round_{g}" in parts},
+                   call=parts.get("call", 0.0))
 
     def median_with(self, measured: Sequence[Dict[str, float]]) -> "Costs":
         """These costs with each part replaced by its median over `measured` (parts timed
@@ -158,7 +163,7 @@ class Costs:
         d["setup"] = {int(w): s for w, s in d["setup"].items()}
         d["round_loop"] = {int(g): t for g, t in d["round_loop"].items()}
         d["model_round"] = {int(g): t for g, t in d.get("model_round", {}).items()}
-        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
 
 def draft_model(draft) -> Optional[Model]:
@@ -215,8 +220,9 @@ class PartTimers:
             for g in gammas:
                 self.timers[f"round_{g}"] = (round_timer(target, draft, g, step_width, cache_len,
                                                          STEPS), STEPS)
+        self.timers["call"] = (call_timer(target, step_width), 1)
         self.widths = {}                      # the set-up timers' names by input width
-        for w in widths:
+        for w in sorted(set(widths) | {step_width}):
             for role, m in (("target", target), ("draft", model)):
                 if m is not None:
                     self.timers[f"setup_{role}_{w}"] = (setup_timer(m, w, cache_len), 1)
@@ -227,8 +233,10 @@ class PartTimers:
                                                   width=step_width)
 
     def _names(self, width: Optional[int]):
-        return [n for n in self.timers if not n.startswith("setup_")
-                or width is None or n in self.widths[width]]
+        """The timers `once(width)` runs: all but other widths' set-up (the target's at the
+        steps' width always: `call` is reckoned from it)."""
+        return [n for n in self.timers if not n.startswith("setup_") or width is None
+                or n in self.widths[width] or n == f"setup_target_{self.step_width}"]
 
     def measure(self, rounds: int, warmup: int = 2) -> "Costs":
         """Median seconds per unit of every part, timed in turn within each round."""
@@ -251,6 +259,9 @@ class PartTimers:
         one-token step (`setup_timer`), so a steady-state step is subtracted (never below 0:
         a tiny model's set-up can be within a step's noise)."""
         per = {n: t / self.timers[n][1] for n, t in seconds.items()}
+        # a 1-token decode at the steps' width less its device work: the set-up timer's call
+        # (set-up and first step) and one plain step's loop work
+        per["call"] = max(per["call"] - per[f"setup_target_{self.step_width}"] - per["loop_0"], 0.0)
         for n in per:
             if n.startswith("setup_"):
                 per[n] = max(per[n] - per[n.split("_")[1] + "_1"], 0.0)

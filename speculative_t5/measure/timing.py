@@ -38,6 +38,15 @@ def _setup_and_step(model: Model, x, lengths, cache_len: int):
     return decode(model, cache, x[:, :1], jnp.zeros((1,), jnp.int32))
 
 
+def call_timer(model: Model, width: int, seed: int = 0) -> Callable[[], Any]:
+    """A no-argument function decoding one token of a random [1, width] input with
+    `st.generate`, as a walltime driver calls it: its time less the
+    set-up, one step and one plain step's loop work is what a call of `generate` pays
+    besides the device's work (argument checks, keys, dispatch, moving the output)."""
+    x = np.random.RandomState(seed).randint(2, model.config.vocab_size, (1, width))
+    return lambda: generate(model, x, max_decode_len=1).tokens
+
+
 def round_timer(target: Model, draft: Model, gamma: int, width: int, cache_len: int,
                 rounds: int, seed: int = 0) -> Callable[[], Any]:
     """A no-argument function running `rounds` speculative rounds' model steps in one jitted
@@ -84,7 +93,9 @@ def _free_loop(logits_row, rng, temperature, input_ids, zero_cost, *, gamma: int
     object `zero_cost` itself, e.g. a PromptLookup over input_ids [1, W]) or 'fallback'
     (Fallback(zero_cost, a free draft model))."""
     def step(cache, tokens, pos):                                              # -> [B, K, V]
-        return jnp.broadcast_to(logits_row, tokens.shape + logits_row.shape), cache
+        # logits that depend on the tokens fed (+ 0.0 keeps them equal): of a broadcast row,
+        # XLA would compute softmaxes and argmaxes once, not per row and position
+        return logits_row + 0.0 * tokens[..., None].astype(logits_row.dtype), cache
     sampling = SamplingConfig(temperature, top_k, top_p)
     cache, rng = jnp.zeros((), jnp.int32), row_keys(rng, 1)
     if gamma == 0:
