@@ -87,8 +87,9 @@ def _free_loop(logits_row, rng, temperature, input_ids, zero_cost, *, gamma: int
                top_k: int, top_p: float, kind: str = "model"):
     """A decode loop (plain when gamma is 0) whose model steps cost nothing: every call
     returns `logits_row` [V] for every token (not foldable: see `step`). No EOS (id -1),
-    so the loop runs max_len tokens. What it costs is the loop's own work: sampling, the accept test, writing tokens,
-    statistics, control flow, and a zero-cost draft's own proposing. kind: 'model' (a free
+    so the loop runs max_len tokens. What it costs is the loop's own work: sampling, the
+    accept test, writing tokens, statistics, control flow, and a zero-cost draft's own
+    proposing. kind: 'model' (a free
     draft model: target and draft agree, every draft is accepted), 'zero_cost' (the draft
     object `zero_cost` itself, e.g. a PromptLookup over input_ids [1, W]) or 'fallback'
     (Fallback(zero_cost, a free draft model))."""
