@@ -43,6 +43,8 @@ def call_timer(model: Model, width: int, seed: int = 0) -> Callable[[], Any]:
     `st.generate`, as a walltime driver calls it: its time less the
     set-up, one step and one plain step's loop work is what a call of `generate` pays
     besides the device's work (argument checks, keys, dispatch, moving the output)."""
+    if model.decoder_only:  # the prompt and its one new token within the model's positions
+        width = min(width, model.config.n_positions - 1)
     x = np.random.RandomState(seed).randint(2, model.config.vocab_size, (1, width))
     return lambda: generate(model, x, max_decode_len=1).tokens
 
