@@ -141,7 +141,7 @@ def test_configs_read_from_directories_without_weights(tmp_path):
     assert pl.read_config(str(hf)) == config
     assert pl.read_config(str(native)) == config
     assert pl.read_config("t5_1_1_xxl") == st.T5Config.preset("t5_1_1_xxl")
-    with pytest.raises(ValueError, match="neither a T5 preset"):
+    with pytest.raises(ValueError, match="neither a preset"):
         pl.read_config(str(tmp_path / "missing"))
     # T5X stores no config: inferred from the shapes the checkpoint declares (a model dir
     # with checkpoint_<step>/ reads its latest step)
@@ -169,3 +169,64 @@ def test_cli_table_and_json(capsys):
         cli.main(["plan", "--target", "t5_1_1_small", "--num_partitions", "4"])
     with pytest.raises(SystemExit, match="needs --target"):
         cli.main(["plan"])
+
+
+# -- GPT-2 -------------------------------------------------------------------------------------
+def _tiny_gpt2(**overrides):
+    return st.GPT2Config(**{**dict(vocab_size=64, n_positions=32, n_embd=32, n_layer=2,
+                                   n_head=4, eos_id=63, pad_id=63), **overrides})
+
+
+def test_gpt2_presets_have_hugging_faces_parameter_counts():
+    # transformers' GPT2LMHeadModel(num_parameters) for gpt2 and gpt2-xl (lm_head tied)
+    r = pl.plan(st.GPT2Config.preset("gpt2-xl"), st.GPT2Config.preset("gpt2"), batch=8,
+                input_length=256, max_decode_len=128)
+    assert r["target"]["num_params"] == 1_557_611_200 and r["draft"]["num_params"] == 124_439_808
+    assert r["bytes_per_device"]["target_params"] == 4 * 1_557_611_200
+    # a step reads every weight but the position table (1024 x 1600 floats)
+    assert r["target"]["step_weight_bytes"] == 4 * (1_557_611_200 - 1024 * 1600)
+    assert r["cache_length"] == 256 + 128 + 4 + 1 and "target prefill" in r["activation_phases"]
+
+
+def test_gpt2_cache_bytes_equal_a_real_prefilled_cache():
+    config, draft_config = _tiny_gpt2(), _tiny_gpt2(n_layer=1, n_head=2)
+    B, S, max_decode_len, gamma = 2, 6, 5, 3
+    real = api.prefill_cache(_zeros_model(config), jnp.ones((B, S), jnp.int32),
+                             jnp.full((B,), S, jnp.int32), max_decode_len + gamma + 1)
+    r = pl.plan(config, draft_config, batch=B, input_length=S, max_decode_len=max_decode_len,
+                gamma=gamma)
+    assert r["bytes_per_device"]["target_cache"] == sum(x.nbytes for x in _leaves(real))
+    assert r["target"]["cache_bytes"]["self"] == sum(x.nbytes for x in _leaves(real["layers"]))
+    assert r["target"]["step_bytes"] == r["target"]["step_weight_bytes"] + \
+        r["target"]["cache_bytes"]["self"]
+    # the model's own byte count of its keys/values agrees
+    from speculative_t5.model import gpt2
+    assert r["target"]["cache_bytes"]["self"] == gpt2.cache_bytes(config, B, r["cache_length"])
+    # two partitions: the split weights and the heads of the cache halve
+    two = pl.plan(config, draft_config, num_partitions=2, batch=B, input_length=S,
+                  max_decode_len=max_decode_len, gamma=gamma)
+    shapes, axes = api.param_shapes(config), api.param_axes(config)
+    expected = sum(math.prod(n // 2 if name in SPLIT else n for n, name in zip(x.shape, spec))
+                   * x.dtype.itemsize for x, spec in zip(_leaves(shapes), jax.tree_util.tree_leaves(
+                       axes, is_leaf=lambda a: isinstance(a, jax.sharding.PartitionSpec))))
+    assert two["bytes_per_device"]["target_params"] == expected
+    assert two["target"]["cache_bytes"]["self"] == r["target"]["cache_bytes"]["self"] // 2
+
+
+def test_gpt2_plan_errors_name_the_numbers(tmp_path, capsys):
+    with pytest.raises(ValueError, match="vocab_size 50257 is not divisible by num_partitions 2"):
+        pl.plan(st.GPT2Config.preset("gpt2").replace(n_head=8), num_partitions=2)
+    with pytest.raises(ValueError, match="n_head 25 is not divisible by num_partitions 2"):
+        pl.plan(st.GPT2Config.preset("gpt2-xl").replace(vocab_size=50304), num_partitions=2)
+    with pytest.raises(ValueError, match="input_length 1000 tokens \\+ max_decode_len 128 exceeds "
+                                         "the GPT-2's 1024 positions"):
+        pl.plan(st.GPT2Config.preset("gpt2"), input_length=1000)
+    with pytest.raises(ValueError, match="the draft is a t5 and the target a gpt2"):
+        pl.plan(st.GPT2Config.preset("gpt2"), st.T5Config.preset("t5_1_1_small"))
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps(_tiny_gpt2().to_hf_config()))
+    assert pl.read_config(str(hf)) == _tiny_gpt2()
+    assert cli.main(["plan", "--target", str(hf), "--input_length", "8",
+                     "--max_decode_len", "8"]) == 0
+    assert "target cache (self" in capsys.readouterr().out

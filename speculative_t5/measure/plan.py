@@ -1,15 +1,17 @@
-"""`plan`: bytes per device and HBM roofline times of a (speculative) T5 decode on a mesh,
-answered before anything is allocated.
+"""`plan`: bytes per device and HBM roofline times of a (speculative) T5 or GPT-2 decode on
+a mesh, answered before anything is allocated.
 
 Every size comes from `jax.eval_shape` (parameters: `model.api.param_shapes`; caches: an
-`init_cache` traced on ShapeDtypeStructs) and the model's logical axis names
+`init_cache` (T5) or `prefill_cache` (GPT-2, prompts of input_length tokens) traced on
+ShapeDtypeStructs) and the model's logical axis names
 (`param_axes`, `cache_axes`), divided the way T5X's logical axis rules place them on a
 ('data', 'model') mesh of data = num_devices / num_partitions by model = num_partitions.
 The mesh is numbers only: no `jax.sharding.Mesh`, no devices.
 
 Roofline (memory-bound decoding, the paper's regime): one decoder step reads the decoder's
-weights (minus the cross-attention key/value kernels, whose outputs are cached), the whole
-static self-attention cache and the cross-attention keys/values, once, whatever its K; so
+weights (minus T5's cross-attention key/value kernels, whose outputs are cached, and
+GPT-2's position table, of which it reads a row), the whole static self-attention cache
+and T5's cross-attention keys/values, once, whatever its K; so
 a verify pass over gamma+1 tokens costs one step (v = 1) and a round costs gamma draft
 steps + one target step. c = draft step / target step, and eq. (5) gives the speedup bound.
 """
@@ -30,8 +32,10 @@ from flax import traverse_util
 
 from speculative_t5.measure.analysis import (best_gamma, expected_tokens_per_call,
                                              walltime_improvement)
-from speculative_t5.model import api
+from speculative_t5.model import api, gpt2
+from speculative_t5.model.api import ModelConfig
 from speculative_t5.model.config import T5Config, preset_names
+from speculative_t5.model.gpt2 import GPT2Config
 from speculative_t5.partitioning import DRAFT_MODES, STANDARD_RULES
 
 GiB = 1 << 30
@@ -55,23 +59,23 @@ CHIPS: Dict[str, Chip] = {
 
 
 # -- configs: a preset name or a checkpoint directory, config only -------------------------
-def read_config(name_or_path: str) -> T5Config:
-    """A `T5Config.preset` name, or a checkpoint directory's config alone (Hugging Face
-    config.json, native speculative_t5.json, T5X: inferred from the declared tensor shapes);
-    no weights are read."""
+def read_config(name_or_path: str) -> ModelConfig:
+    """A `T5Config.preset` or `GPT2Config.preset` name, or a checkpoint directory's config
+    alone (Hugging Face config.json, native speculative_t5.json, T5X: inferred from the
+    declared tensor shapes); no weights are read."""
     from speculative_t5.checkpoints import CheckpointError, hf, native, t5x
     from speculative_t5.checkpoints.common import orbax_shapes
     if name_or_path in preset_names():
         return T5Config.preset(name_or_path)
+    if name_or_path in gpt2.preset_names():
+        return GPT2Config.preset(name_or_path)
     path = os.fspath(name_or_path)
     if not os.path.isdir(path):
-        raise ValueError(f"{path!r} is neither a T5 preset ({', '.join(preset_names())}) nor a "
-                         "checkpoint directory")
+        raise ValueError(f"{path!r} is neither a preset (T5: {', '.join(preset_names())}; "
+                         f"GPT-2: {', '.join(gpt2.preset_names())}) nor a checkpoint directory")
     files = set(os.listdir(path))
     config = (hf.read_hf_config(path)[0] if "config.json" in files
               else native.read_native_config(path) if native.MARKER in files else None)
-    if config is not None and not isinstance(config, T5Config):
-        raise ValueError(f"{path}: plan covers T5 only, not a {type(config).__name__}")
     if config is not None:
         return config
     state = os.path.join(path, "state")
@@ -147,79 +151,108 @@ def _is_axes(a) -> bool:
 
 
 @functools.lru_cache(maxsize=16)
-def _boxed(config: T5Config):
+def _boxed(config: ModelConfig):
     """One trace for both `api.param_shapes` and `api.param_axes`."""
+    if isinstance(config, GPT2Config):
+        return gpt2._boxed_shapes(config)
     return api._boxed_shapes(config)
 
 
-def _param_shapes(config: T5Config):
+def _param_shapes(config: ModelConfig):
     return nn.unbox(_boxed(config))
 
 
 @functools.lru_cache(maxsize=16)
-def _shapes_and_axes(config: T5Config):
+def _shapes_and_axes(config: ModelConfig):
     """Flat {'encoder/layers_0/...': ShapeDtypeStruct} and {...: logical axes}."""
     flat = lambda tree: traverse_util.flatten_dict(tree, sep="/")  # noqa: E731
     return flat(_param_shapes(config)), flat(nn.get_partition_spec(_boxed(config)))
 
 
 @functools.lru_cache(maxsize=16)
-def _cache_shapes(config: T5Config, batch: int, input_length: int, length: int):
-    """`init_cache`'s tree as ShapeDtypeStructs (the encoder traced, nothing run)."""
+def _cache_shapes(config: ModelConfig, batch: int, input_length: int, length: int):
+    """A decode's cache as ShapeDtypeStructs, nothing run: T5's `init_cache` (the encoder
+    traced), GPT-2's `prefill_cache` of input_length-token prompts."""
     model = api.Model(config, _param_shapes(config))
     ids = jax.ShapeDtypeStruct((batch, input_length), jnp.int32)
+    if isinstance(config, GPT2Config):
+        lengths = jax.ShapeDtypeStruct((batch,), jnp.int32)
+        return jax.eval_shape(lambda m, i, n: api.prefill_cache(m, i, n, length), model, ids,
+                              lengths)
     return jax.eval_shape(lambda m, i: api.init_cache(m, i, length), model, ids)
 
 
-def param_bytes(config: T5Config, mesh: Dict[str, int], rules: Rules, role: str,
+# a cache's parts: T5's self-attention, cross-attention K/V, encoder output and mask; GPT-2's
+# per-layer keys/values ('layers', its self-attention) and the rows' prompt offsets
+CACHE_PARTS = {"t5": {"self": "self", "cross": "cross", "encoded": "encoded",
+                      "encoder_mask": "encoder_mask"},
+               "gpt2": {"self": "layers", "offset": "offset"}}
+
+
+def _step_reads(config: ModelConfig, key: str) -> bool:
+    """Whether one decoder step reads the parameter `key` whole."""
+    if isinstance(config, GPT2Config):
+        return key != "wpe"                  # every weight, wte for the tied logits
+    return (key.startswith("decoder/") and "encoder_decoder_attention/key" not in key
+            and "encoder_decoder_attention/value" not in key) or (
+            key == "token_embedder/embedding" and config.logits_via_embedding)
+
+
+def param_bytes(config: ModelConfig, mesh: Dict[str, int], rules: Rules, role: str,
                 replicated: bool = False) -> Dict[str, int]:
     """{'total', 'step'}: one device's bytes of every parameter, and of those one decoder
-    step reads (decoder kernels except the cross-attention keys/values; the tied
-    embedding for T5 1.0; an untied one's few looked-up rows are left out)."""
+    step reads (T5: decoder kernels except the cross-attention keys/values, the tied
+    embedding for T5 1.0, an untied one's few looked-up rows left out; GPT-2: all but the
+    position table)."""
     shapes, axes = _shapes_and_axes(config)
     total = step = 0
     for key, leaf in shapes.items():
         spec = None if replicated else axes[key]
         n = array_bytes(leaf.shape, leaf.dtype, spec, mesh, rules, f"{role} parameter {key}")
         total += n
-        if (key.startswith("decoder/") and "encoder_decoder_attention/key" not in key
-                and "encoder_decoder_attention/value" not in key) or (
-                key == "token_embedder/embedding" and config.logits_via_embedding):
-            step += n
+        step += n if _step_reads(config, key) else 0
     return {"total": total, "step": step}
 
 
-def cache_bytes(config: T5Config, batch: int, input_length: int, length: int,
+def cache_bytes(config: ModelConfig, batch: int, input_length: int, length: int,
                 mesh: Dict[str, int], rules: Rules, role: str,
                 strict: bool = True) -> Dict[str, int]:
-    """One device's bytes of an `init_cache` cache, per part ('self', 'cross', 'encoded',
-    'encoder_mask') and 'total', from `jax.eval_shape` and `cache_axes`."""
+    """One device's bytes of a decode's cache, per part (`CACHE_PARTS`: T5 'self', 'cross',
+    'encoded', 'encoder_mask'; GPT-2 'self', 'offset') and 'total', from `jax.eval_shape`
+    and `cache_axes`."""
     cache = _cache_shapes(config, batch, input_length, length)
     axes = api.cache_axes(cache)
     if not strict:  # a replicated draft's cache: rows split over 'data' only (as generate has it)
         axes = jax.tree_util.tree_map(lambda a: tuple(n if n == "batch" else None for n in a),
                                       axes, is_leaf=_is_axes)
     out = {}
-    for part in ("self", "cross", "encoded", "encoder_mask"):
+    for part, key in CACHE_PARTS[api.family(config)].items():
         sizes = jax.tree_util.tree_map(
             lambda a, x: array_bytes(x.shape, x.dtype, a, mesh, rules, f"{role} cache '{part}'",
-                                     strict), axes[part], cache[part], is_leaf=_is_axes)
+                                     strict), axes[key], cache[key], is_leaf=_is_axes)
         out[part] = sum(jax.tree_util.tree_leaves(sizes))
     out["total"] = sum(out.values())
     return out
 
 
-def activation_bytes(config: T5Config, b: int, input_length: int, heads_ways: int,
+def _shape(config: ModelConfig) -> Tuple[int, int, int]:
+    """(heads, MLP width, MLP branches): T5's gated MLP has two, GPT-2's one of 4 n_embd."""
+    if isinstance(config, GPT2Config):
+        return config.n_head, 4 * config.n_embd, 1
+    return config.num_heads, config.mlp_dim, len(config.mlp_activations)
+
+
+def activation_bytes(config: ModelConfig, b: int, input_length: int, heads_ways: int,
                      mlp_ways: int) -> Dict[str, int]:
-    """The largest arrays one device holds while the encoder runs (b rows per device):
-    the attention bias, scores and softmax weights [b, H, S, S] and the MLP's hidden
-    [b, S, mlp] per branch."""
-    h, S = config.num_heads // heads_ways, input_length
+    """The largest arrays one device holds while the input is read (T5's encoder, GPT-2's
+    prefill; b rows per device): the attention bias, scores and softmax weights
+    [b, H, S, S] and the MLP's hidden [b, S, mlp] per branch."""
+    heads, mlp, branches = _shape(config)
+    h, S = heads // heads_ways, input_length
     act = jnp.dtype(config.dtype).itemsize
     square = b * h * S * S
     return {"attention": square * (4 + 4 + act),          # bias f32 + scores f32 + weights
-            "mlp": square * 4 + b * S * (config.mlp_dim // mlp_ways) * act
-            * len(config.mlp_activations)}
+            "mlp": square * 4 + b * S * (mlp // mlp_ways) * act * branches}
 
 
 # -- the plan ----------------------------------------------------------------------------------
@@ -229,32 +262,37 @@ def _check_int(name: str, value, lo: int) -> int:
     return value
 
 
-def _check_divisible(config: T5Config, role: str, num_partitions: int) -> None:
-    joined = config.num_heads * config.head_dim
-    for name, size in (("num_heads", config.num_heads), ("vocab_size", config.vocab_size),
-                       ("mlp_dim", config.mlp_dim), ("joined_kv (num_heads * head_dim)", joined)):
+def _check_divisible(config: ModelConfig, role: str, num_partitions: int) -> None:
+    heads, mlp, _ = _shape(config)
+    sizes = ((("n_head", heads), ("vocab_size", config.vocab_size), ("MLP width 4 n_embd", mlp),
+              ("joined_kv (n_embd)", config.n_embd)) if isinstance(config, GPT2Config) else
+             (("num_heads", heads), ("vocab_size", config.vocab_size), ("mlp_dim", mlp),
+              ("joined_kv (num_heads * head_dim)", config.num_heads * config.head_dim)))
+    for name, size in sizes:
         if size % num_partitions:
             raise ValueError(f"{role} {name} {size} is not divisible by num_partitions "
                              f"{num_partitions}; choose num_partitions dividing {size}")
 
 
-def _model_plan(config: T5Config, mesh, rules, batch, input_length, length, replicated, role):
+def _model_plan(config: ModelConfig, mesh, rules, batch, input_length, length, replicated,
+                role):
     params = param_bytes(config, mesh, rules, role, replicated)
     cache = cache_bytes(config, batch, input_length, length, mesh, rules, role,
                         strict=not replicated)
-    heads_ways = 1 if replicated or config.num_heads % mesh["model"] else mesh["model"]
+    heads_ways = 1 if replicated or _shape(config)[0] % mesh["model"] else mesh["model"]
     mlp_ways = 1 if replicated else mesh["model"]
     acts = activation_bytes(config, batch // mesh["data"], input_length, heads_ways, mlp_ways)
-    return {"num_params": sum(int(x.size) for x in _shapes_and_axes(config)[0].values()),
+    return {"family": api.family(config),
+            "num_params": sum(int(x.size) for x in _shapes_and_axes(config)[0].values()),
             "param_dtype": config.param_dtype, "activation_dtype": config.dtype,
             "partitioning": "replicated" if replicated else "partitioned",
             "param_bytes": params["total"], "step_weight_bytes": params["step"],
             "cache_bytes": cache,
-            "step_bytes": params["step"] + cache["self"] + cache["cross"],
+            "step_bytes": params["step"] + cache["self"] + cache.get("cross", 0),
             "encoder_activation_bytes": acts}
 
 
-def plan(target_config: T5Config, draft_config: Optional[T5Config] = None,
+def plan(target_config: ModelConfig, draft_config: Optional[ModelConfig] = None,
          num_partitions: int = 1, num_devices: Optional[int] = None, batch: int = 1,
          input_length: int = 512, max_decode_len: int = 128, gamma: int = 4,
          draft_partitioning: str = "replicated", alpha: float = 0.7,
@@ -262,9 +300,10 @@ def plan(target_config: T5Config, draft_config: Optional[T5Config] = None,
     """Bytes per device (parameters, caches, largest activations), whether they fit each
     chip in `CHIPS`, and HBM roofline times per step and per speculative round. Nothing is
     allocated. Caches hold max_decode_len + gamma + 1 positions with a draft (as `generate`
-    sizes them), max_decode_len without. A replicated draft's cache is split over 'data'
-    only, as `generate` places it. A batch that 'data' does not divide is padded up, as
-    `generate` pads it (copies of the last row)."""
+    sizes them), max_decode_len without; a GPT-2's also its prompt's input_length. A
+    replicated draft's cache is split over 'data' only, as `generate` places it. A batch
+    that 'data' does not divide is padded up, as `generate` pads it (copies of the last
+    row). Target and draft are one family (a GPT-2 target, a GPT-2 draft)."""
     mesh = mesh_shape(num_partitions, num_devices)
     for name, value in (("batch", batch), ("input_length", input_length),
                         ("max_decode_len", max_decode_len), ("gamma", gamma)):
@@ -275,6 +314,9 @@ def plan(target_config: T5Config, draft_config: Optional[T5Config] = None,
         raise ValueError(f"draft_partitioning must be one of {DRAFT_MODES}, got "
                          f"{draft_partitioning!r}")
     batch += -batch % mesh["data"]
+    if draft_config is not None and api.family(draft_config) != api.family(target_config):
+        raise ValueError(f"the draft is a {api.family(draft_config)} and the target a "
+                         f"{api.family(target_config)}: they must be one family")
     if draft_config is not None and draft_config.vocab_size != target_config.vocab_size:
         raise ValueError(f"draft vocab_size {draft_config.vocab_size} != target vocab_size "
                          f"{target_config.vocab_size}")
@@ -284,16 +326,22 @@ def plan(target_config: T5Config, draft_config: Optional[T5Config] = None,
         _check_divisible(draft_config, "draft", num_partitions)
 
     length = max_decode_len + gamma + 1 if draft_config is not None else max_decode_len
+    for config in (target_config, draft_config):
+        if isinstance(config, GPT2Config) and input_length + max_decode_len > config.n_positions:
+            raise ValueError(f"a prompt of input_length {input_length} tokens + max_decode_len "
+                             f"{max_decode_len} exceeds the GPT-2's {config.n_positions} positions")
+    positions = length + (input_length if isinstance(target_config, GPT2Config) else 0)
     target = _model_plan(target_config, mesh, rules, batch, input_length, length, False, "target")
     draft = None if draft_config is None else _model_plan(
         draft_config, mesh, rules, batch, input_length, length, draft_replicated, "draft")
 
     b, V = batch // mesh["data"], target_config.vocab_size
-    phases = {"target encoder": max(target["encoder_activation_bytes"].values())}
+    reads = "prefill" if isinstance(target_config, GPT2Config) else "encoder"
+    phases = {f"target {reads}": max(target["encoder_activation_bytes"].values())}
     if draft is None:
         phases["decode logits [B, 1, V] f32 + distribution"] = 2 * b * V * 4
     else:
-        phases["draft encoder"] = max(draft["encoder_activation_bytes"].values())
+        phases[f"draft {reads}"] = max(draft["encoder_activation_bytes"].values())
         phases["verify logits + p [B, gamma+1, V] f32, q [B, gamma, V] f32"] = \
             b * V * 4 * (2 * (gamma + 1) + gamma)
     peak = max(phases, key=phases.get)
@@ -328,7 +376,7 @@ def plan(target_config: T5Config, draft_config: Optional[T5Config] = None,
         chips[key] = row
     return {"mesh": {"num_devices": mesh["data"] * mesh["model"], **mesh},
             "batch": batch, "rows_per_device": b, "input_length": input_length,
-            "max_decode_len": max_decode_len, "gamma": gamma, "cache_length": length,
+            "max_decode_len": max_decode_len, "gamma": gamma, "cache_length": positions,
             "draft_partitioning": None if draft is None else draft_partitioning,
             "target": target, "draft": draft,
             "bytes_per_device": {**parts, "total": total},
@@ -355,12 +403,16 @@ def format_plan(result: Dict[str, Any], chip: Optional[str] = None,
         lines.append(model_line("draft ", names[1], d))
     cache_note = (f"max_decode_len {r['max_decode_len']} + gamma {r['gamma']} + 1"
                   if d is not None else f"max_decode_len {r['max_decode_len']}")
+    if t.get("family") == "gpt2":
+        cache_note = f"the prompt's {r['input_length']} + " + cache_note
     lines.append(f"mesh: {m['num_devices']} devices = data {m['data']} x model {m['model']}; "
                  f"batch {r['batch']} ({r['rows_per_device']} rows per device), input "
                  f"{r['input_length']}, cache {r['cache_length']} positions ({cache_note})")
 
     def cache_detail(x):
         cb = x["cache_bytes"]
+        if "cross" not in cb:  # a GPT-2: its per-layer keys/values only
+            return f"self {cb['self'] / GiB:.3f}"
         return (f"self {cb['self'] / GiB:.3f} + cross K/V {cb['cross'] / GiB:.3f} "
                 f"+ encoded {cb['encoded'] / GiB:.3f}")
     bp = r["bytes_per_device"]
