@@ -129,8 +129,8 @@ COMMANDS: Dict[str, Command] = {
     "plan": Command(
         "bytes per device, fits per chip and HBM roofline times; nothing allocated",
         "speculative_t5.measure.plan:plan_command",
-        (("--target", dict(help="a T5Config preset (t5_1_1_xxl) or a checkpoint directory "
-                                "(only its config is read)")),
+        (("--target", dict(help="a T5 or GPT-2 preset (t5_1_1_xxl, gpt2-xl) or a checkpoint "
+                                "directory (only its config is read)")),
          ("--draft", dict(help="draft preset or checkpoint directory")),
          *((f"--{name}", dict(type=typ)) for name, typ in (
              ("num_partitions", int), ("num_devices", int), ("batch", int),
