@@ -94,3 +94,38 @@ def test_distillation_raises_alpha(corpus_dir, tmp_path):
     a0 = measure_alpha(teacher, before, x, y, s)[0]
     a1 = measure_alpha(teacher, after, x, y, s)[0]
     assert a1 > a0 + 0.1, (a0, a1)
+
+
+def _write_package(root, name, source):
+    os.makedirs(os.path.join(root, name), exist_ok=True)
+    with open(os.path.join(root, name, "__init__.py"), "w") as f:
+        f.write(source)
+
+
+def test_package_examples_join_train_and_never_copy_a_stdlib_function(tmp_path):
+    stdlib = [e for e in demo_corpus.build_corpus() if e["split"] == "test"]
+    held = stdlib[0]    # a held-out function, vendored verbatim into a package below
+    src = held["input"][len(demo_corpus.PREFIX):]
+    body = src.split("\n", 1)   # its source with the docstring put back after the def line
+    vendored = body[0] + f"\n    {held['target']!r}\n" + (body[1] if len(body) > 1 else "    pass") + "\n"
+    renamed = ("def scale_vector(v, k):\n    'Multiply every entry of the vector by k.'\n"
+               f"    return [x * k for x in v]\n\n\ndef {held['name']}(q):\n"
+               f"    {held['target']!r}\n    return q + 1\n")
+    root = str(tmp_path / "site")
+    _write_package(root, "pkga", vendored + "\n" + renamed)
+    _write_package(root, "pkgb", renamed)          # the same functions again: counted once
+    _write_package(os.path.join(root, "pkga"), "tests", renamed.replace("scale", "tscale"))
+    found = demo_corpus.package_examples(demo_corpus.build_corpus(), roots=[root], processes=1)
+    assert [(e["module"], e["name"], e["split"]) for e in found] == [
+        ("pkg:pkga", "scale_vector", "train")]      # same input or same (name, sentence): out
+    assert found[0]["target"] == "Multiply every entry of the vector by k."
+    assert found[0]["input"].startswith(demo_corpus.PREFIX + "def scale_vector(v, k):")
+
+
+def test_prepare_data_refuses_a_corpus_built_otherwise(corpus_dir):
+    with pytest.raises(ValueError, match=r"built with \{'packages': False.*packages': True"):
+        training.prepare_data(corpus_dir, vocab_size=128, packages=True)
+    with pytest.raises(ValueError, match="target_weight"):
+        training.prepare_data(corpus_dir, vocab_size=128, target_weight=4)
+    manifest = json.load(open(os.path.join(corpus_dir, "manifest.json")))
+    assert manifest["packages"] is False and manifest["counts"]["train"] > 2000

@@ -34,18 +34,29 @@ from speculative_t5.model.t5 import T5
 
 
 # ----------------------------------------------------------------------------- data
-def prepare_data(data_dir: str, vocab_size: int) -> Vocabulary:
-    """Build the stdlib corpus and its SentencePiece vocabulary in data_dir if missing."""
+def prepare_data(data_dir: str, vocab_size: int, packages: bool = False,
+                 target_weight: int = 1) -> Vocabulary:
+    """Build the demo corpus (`demo_corpus.write_corpus`: the standard library's functions;
+    with `packages` the installed packages' too, in train) and its SentencePiece vocabulary
+    in data_dir if missing. A data_dir built with other options is refused, not reused."""
     import sentencepiece as spm
+    manifest = os.path.join(data_dir, "manifest.json")
     if not os.path.exists(os.path.join(data_dir, "train.jsonl")):
-        write_corpus(data_dir)
+        write_corpus(data_dir, packages=packages, target_weight=target_weight)
+    built = json.load(open(manifest)) if os.path.exists(manifest) else {}
+    asked = {"packages": packages, "target_weight": target_weight}
+    found = {k: built.get(k, default) for k, default in (("packages", False), ("target_weight", 1))}
+    if found != asked:
+        raise ValueError(f"data_dir {data_dir} holds a corpus built with {found}, but {asked} "
+                         f"was asked for: use another data_dir")
     model = os.path.join(data_dir, "spiece.model")
     if not os.path.exists(model):
         spm.SentencePieceTrainer.Train(
             input=os.path.join(data_dir, "vocab_text.txt"), model_prefix=model[:-6],
             vocab_size=vocab_size, model_type="unigram", character_coverage=1.0,
             pad_id=0, eos_id=1, unk_id=2, bos_id=-1, hard_vocab_limit=False,
-            max_sentence_length=20000, minloglevel=2, num_threads=2)
+            max_sentence_length=20000, minloglevel=2, num_threads=2,
+            input_sentence_size=400000, shuffle_input_sentence=True)
     return Vocabulary(model)
 
 
@@ -176,9 +187,11 @@ def train(model_dir: str = gin.REQUIRED, data_dir: str = gin.REQUIRED,
           optimizer: str = "adamw", input_len: int = 128, target_len: int = 32,
           vocab_size: int = 2048, seed: int = 0, checkpoint_every: int = 100,
           max_examples: Optional[int] = None, export_dtype: str = "bfloat16",
-          max_steps_per_run: Optional[int] = None, quiet: bool = False) -> Model:
-    """Train a T5 from scratch on the demo corpus (teacher-forced cross-entropy)."""
-    vocab = prepare_data(data_dir, vocab_size)
+          max_steps_per_run: Optional[int] = None, packages: bool = False,
+          target_weight: int = 1, quiet: bool = False) -> Model:
+    """Train a T5 from scratch on the demo corpus (teacher-forced cross-entropy).
+    packages, target_weight: how the corpus is built (`prepare_data`)."""
+    vocab = prepare_data(data_dir, vocab_size, packages, target_weight)
     if vocab.size > config.vocab_size:
         raise ValueError(f"vocabulary has {vocab.size} pieces but config.vocab_size is "
                          f"{config.vocab_size}")
@@ -220,10 +233,11 @@ def distill(model_dir: str = gin.REQUIRED, teacher: str = gin.REQUIRED,
             target_len: int = 32, vocab_size: int = 2048, seed: int = 0,
             checkpoint_every: int = 100, max_examples: Optional[int] = None,
             temperature: float = 1.0, export_dtype: str = "bfloat16",
-            max_steps_per_run: Optional[int] = None, quiet: bool = False) -> Model:
+            max_steps_per_run: Optional[int] = None, packages: bool = False,
+            target_weight: int = 1, quiet: bool = False) -> Model:
     """Train a draft to match a teacher: forward KL(p_teacher || q_draft) per token, on the
     data's targets and on the teacher's own greedy outputs (what it will be asked to draft)."""
-    vocab = prepare_data(data_dir, vocab_size)
+    vocab = prepare_data(data_dir, vocab_size, packages, target_weight)
     teacher_model = load_checkpoint(teacher, dtype="float32")
     if teacher_model.config.vocab_size != config.vocab_size:
         raise ValueError(f"draft vocab_size {config.vocab_size} != teacher's "
