@@ -70,6 +70,9 @@ def test_demo_command_end_to_end(tmp_path):
     # the measurements are the drivers' run directories
     for run in ("walltime/docstrings_t0", "walltime/docstrings_t1", "gamma_sweep/docstrings_t0"):
         assert os.path.exists(os.path.join(out, run, "examples.jsonl")), run
+    q = s["quality"]   # the greedy outputs' ROUGE, by the walltime driver's scoring too
+    assert q["rouge1"] == pytest.approx(s["rouge1_plain"]) and 0.0 <= q["real_words"] <= 1.0
+    assert set(s["quality_first_pair"]) == set(q) and "ROUGE-1 / 2 / Lsum" in report
     assert s["measured_over_full"] == pytest.approx(s["speedup_measured"] / s["speedup_predicted_full"])
     assert s["speedup_predicted_full"] > 0 and s["setup_ms"] and set(s["setup_ms"]) <= {"32", "64", "128"}
 

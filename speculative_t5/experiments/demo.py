@@ -20,8 +20,13 @@ import jax
 
 from speculative_t5.experiments import drivers
 from speculative_t5.experiments.rundir import RunDir
+from speculative_t5.measure.quality import summary_quality
 
 PAIR = "the shipped demo pair (16.9M target, 0.92M draft)"
+# The first demo pair's summaries (16.9M target, 2048 pieces, 35 CPU-minutes of training),
+# the figures issue #14 asks a pair to beat: `python experiments/demo_quality.py
+# --num_examples 32` on it, the demo's 32 held-out inputs (ROUGE x 100, greedy).
+FIRST_PAIR_QUALITY = {"rouge1": 11.3, "rouge2": 2.9, "rougeLsum": 11.3, "real_words": 0.735}
 TASK = "task (held-out stdlib functions -> docstring sentence)"
 
 
@@ -147,8 +152,12 @@ def demo(output_dir: Optional[str] = None, num_examples: int = 32, gamma: int = 
         summary["drafts"] = [_draft_row(r) for r in (greedy, sampled, *rows)]
         summary["drafts_seconds"] = seconds
     summary["seconds"] = time.perf_counter() - t_start
-    examples = RunDir(os.path.join(output_dir, "walltime", "docstrings_t0")).records()
-    examples = sorted(examples, key=lambda r: r["index"])[:show]
+    records = RunDir(os.path.join(output_dir, "walltime", "docstrings_t0")).records()
+    records = sorted(records, key=lambda r: r["index"])
+    summary["quality"] = summary_quality([r["reference"] for r in records],
+                                         [r["plain_output"] for r in records])
+    summary["quality_first_pair"] = FIRST_PAIR_QUALITY
+    examples = records[:show]
     with open(os.path.join(output_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     with open(os.path.join(output_dir, "report.md"), "w") as f:
@@ -240,7 +249,9 @@ def _report(s: Dict, examples: List[Dict]) -> str:
                      f"{r['c']:.3f} | {r['v']:.2f} | {r['speedup_measured']:.2f} | "
                      f"{r['speedup_predicted_full']:.2f} | {r['measured_over_full']:.2f} | "
                      f"{r['speedup_predicted']:.2f} | {r['speedup_predicted_paper']:.2f} | {ident} |")
-    lines += ["", "## Speedup against gamma (greedy)", "",
+    lines += ["", f"Summaries (greedy): {_quality(s['quality'])}; the first demo pair's: "
+              f"{_quality(s['quality_first_pair'])}.",
+              "", "## Speedup against gamma (greedy)", "",
               f"{s['sweep_examples']} inputs of the most common input width "
               f"({s['sweep_input_width']} tokens).", "",
               "| gamma | tokens/call | v | measured | cost model | eq. (5), measured v | eq. (5), v = 1 |",
@@ -275,6 +286,11 @@ def _report(s: Dict, examples: List[Dict]) -> str:
     return "\n".join(lines)
 
 
+def _quality(q: Dict) -> str:
+    return (f"ROUGE-1 / 2 / Lsum {q['rouge1']:.1f} / {q['rouge2']:.1f} / {q['rougeLsum']:.1f}, "
+            f"{q['real_words']:.1%} of words real (in the stdlib's docstrings)")
+
+
 def _print(s: Dict, examples: List[Dict], output_dir: str) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -300,6 +316,8 @@ def _print(s: Dict, examples: List[Dict], output_dir: str) -> None:
         f"target call, speedup measured {t1['speedup_measured']:.2f}x; predicted "
         f"{t1['speedup_predicted_full']:.2f}x (cost model: {t1['measured_over_full']:.2f}) / "
         f"{t1['speedup_predicted']:.2f}x / {t1['speedup_predicted_paper']:.2f}x\n"
+        f"summaries: {_quality(s['quality'])} (the first demo pair: "
+        f"{_quality(s['quality_first_pair'])})\n"
         + "".join(f"{r['draft']}, {r['verification']}, T={r['temperature']:g}: "
                   f"{r['tokens_per_target_call']:.2f} tokens per target call, speedup measured "
                   f"{r['speedup_measured']:.2f}x, cost model {r['speedup_predicted_full']:.2f}x\n"
