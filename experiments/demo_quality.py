@@ -30,9 +30,11 @@ def from_training(train_dir: str, gin_file: str):
     """(Model, step) from a training run's latest orbax checkpoint."""
     import gin
     import orbax.checkpoint as ocp
+    import speculative_t5.training  # noqa: F401 (the gin file binds train / distill)
     from speculative_t5.experiments.ginconfig import parse_gin
+    from speculative_t5.model.config import gin_t5_config
     parse_gin([gin_file], [], [])
-    config = st.T5Config()
+    config = gin_t5_config()  # T5Config as the gin file binds it
     manager = ocp.CheckpointManager(os.path.abspath(os.path.join(train_dir, "checkpoints")))
     step = manager.latest_step()
     if step is None:
