@@ -131,3 +131,29 @@ def test_decode_zero_cost_and_fallback_drafts(setup, tmp_path):
         cli.main(base + ["--output", str(tmp_path / "bad.jsonl"), "--draft", "prompt_lookup",
                          "--draft_stop", "0.5"])
     assert not os.path.exists(tmp_path / "bad.jsonl")
+
+
+def test_fit_bigram_then_decode_with_it(setup, tmp_path, capsys):
+    """fit_bigram on a .tsv's references writes a table `--draft bigram:PATH` decodes with:
+    greedy tokens identical to plain, the header naming the table."""
+    table, out = str(tmp_path / "b.npz"), str(tmp_path / "bigram.jsonl")
+    refs = tmp_path / "refs.tsv"
+    refs.write_text("the quick brown fox\tder fox\na lazy dog\tdie data\nbirds\tder fox sing\n")
+    assert cli.main(["fit_bigram", "--input_file", str(refs), "--target", setup["hf"],
+                     "--output", table, "--top", "8"]) == 0
+    assert "on 3 sequences" in capsys.readouterr().out
+    b = st.drafts.Bigram.load(table)
+    assert b.vocab_size == tiny_config().vocab_size and b.successors.shape[1] == 8
+    base = ["decode", "--target", setup["hf"], "--input_file", setup["inputs"],
+            "--max_decode_len", "12", "--batch_size", "4", "--gamma", "3"]
+    plain = str(tmp_path / "plain.jsonl")
+    assert cli.main(base + ["--output", plain]) == 0
+    assert cli.main(base + ["--output", out, "--draft", f"bigram:{table}"]) == 0
+    assert [r["tokens"] for r in _read(out)] == [r["tokens"] for r in _read(plain)]
+    with open(out) as f:
+        draft = json.loads(f.readline())["speculative_t5"]["header"]["draft"]
+    assert draft["kind"] == "bigram" and draft["path"] == table and draft["fingerprint"]
+    # a .tsv line without a reference cannot be fitted on
+    with pytest.raises(SystemExit, match="needs a reference after its tab"):
+        cli.main(["fit_bigram", "--input_file", setup["inputs"],
+                  "--target", setup["hf"], "--output", str(tmp_path / "c.npz")])

@@ -118,6 +118,63 @@ def test_bigram_table():
         Bigram.fit([[5, 41]], 40)
 
 
+def test_bigram_saves_loads_and_refuses_other_files(tmp_path):
+    b = _bigram8()
+    path = str(tmp_path / "b.npz")
+    b.save(path)
+    c = Bigram.load(path)
+    for x, y in zip((b.successors, b.probs, b.rest), (c.successors, c.probs, c.rest)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    np.savez(str(tmp_path / "other.npz"), a=np.zeros(3))
+    (tmp_path / "text.npz").write_text("not numpy")
+    np.savez(str(tmp_path / "bad_rows.npz"), kind=np.array("speculative_t5.Bigram"),
+             successors=np.asarray(b.successors), probs=2 * np.asarray(b.probs),
+             rest=np.asarray(b.rest))
+    for name, match in (("other.npz", r"not a Bigram table.*\['a'\]"),
+                        ("text.npz", "not a Bigram table"), ("missing.npz", "not a Bigram"),
+                        ("bad_rows.npz", "rows are not distributions")):
+        with pytest.raises(ValueError, match=match):
+            Bigram.load(str(tmp_path / name))
+
+
+def test_bigram_draft_specs(tmp_path):
+    from speculative_t5.checkpoints import BigramFile, draft_parts, load_draft
+    from speculative_t5.decoding.drafts import Fallback
+    path = str(tmp_path / "b.npz")
+    _bigram8().save(path)
+    assert draft_parts(f"bigram:{path}") == [BigramFile(path)]
+    loaded = load_draft(f"bigram:{path}")
+    assert isinstance(loaded, Bigram) and loaded.vocab_size == 8
+    fb = load_draft(f"prompt_lookup:2,bigram:{path}")
+    assert isinstance(fb, Fallback) and isinstance(fb.then, Bigram)
+    assert fb.first.max_ngram == 2
+    with pytest.raises(ValueError, match="'bigram:PATH'"):
+        draft_parts("bigram")
+    with pytest.raises(ValueError, match="no bigram table at /nowhere.npz"):
+        draft_parts("bigram:/nowhere.npz")
+
+
+def test_bigram_alpha_is_the_overlap_with_its_table(target8):
+    """Teacher-forced alpha of a Bigram: at each position q is the table row of the token
+    before it (the start token 0 first), rebuilt densely here from the arrays."""
+    from speculative_t5.measure.alpha import measure_alpha
+    b = _bigram8()
+    succ, probs, rest = (np.asarray(x) for x in (b.successors, b.probs, b.rest))
+    dense = np.repeat(rest[:, None], 8, 1)                                  # [V, V]
+    for a in range(8):
+        dense[a, succ[a]] = probs[a]
+    rng = np.random.RandomState(3)
+    ids = jnp.asarray(rng.randint(2, 8, size=(3, 5)), jnp.int32)
+    out = rng.randint(2, 8, size=(3, 6)).astype(np.int32)
+    out[1, 4:] = 0                                                          # a shorter row
+    dec = np.pad(out[:, :-1], ((0, 0), (1, 0)))
+    p = np.asarray(jax.nn.softmax(st.forward(target8, ids, jnp.asarray(dec)), -1))  # T = 1
+    overlap = np.minimum(p, dense[dec]).sum(-1)                             # [B, T]
+    want = overlap[out != 0].mean()
+    alpha, _, positions = measure_alpha(target8, b, ids, out, st.SamplingConfig(1.0))
+    assert alpha == pytest.approx(want, rel=1e-5) and positions == (out != 0).sum()
+
+
 def test_bigram_sampling_is_exact(target8, monkeypatch):
     out = _sample(target8, _bigram8(), tx.INPUT)
     summary = out.summary()

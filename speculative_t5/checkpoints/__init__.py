@@ -6,7 +6,7 @@ the full parameter tree (names, shapes, finite values) before returning a model.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, NamedTuple, Optional
 
 from speculative_t5.checkpoints.common import CheckpointError
 from speculative_t5.checkpoints.hf import WEIGHT_FILES, export_hf, load_hf
@@ -85,21 +85,39 @@ def load_checkpoint(path: str, config: Optional[ModelConfig] = None, dtype: Opti
 
 
 ZERO_COST = "prompt_lookup"
+BIGRAM = "bigram"
+SPEC_FORMS = (f"a checkpoint path, '{ZERO_COST}[:MAX[:MIN]]', '{BIGRAM}:TABLE.npz' or "
+              "'FIRST,THEN'")
+
+
+class BigramFile(NamedTuple):
+    """A 'bigram:PATH' part of a draft spec: a table `Bigram.save` (or `speculative-t5
+    fit_bigram`) wrote, read by `load_draft`."""
+    path: str
 
 
 def draft_parts(spec: str) -> list:
-    """The parts of a draft spec (see `load_draft`), each a checkpoint path or a
-    `PromptLookup`; a malformed spec is a ValueError (nothing is loaded)."""
+    """The parts of a draft spec (see `load_draft`), each a checkpoint path, a
+    `PromptLookup` or a `BigramFile`; a malformed spec is a ValueError (nothing is loaded;
+    a bigram table must exist)."""
     from speculative_t5.decoding.drafts import PromptLookup
     if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"draft must be a checkpoint path, '{ZERO_COST}[:MAX[:MIN]]' or "
-                         f"'FIRST,THEN', got {spec!r}")
+        raise ValueError(f"draft must be {SPEC_FORMS}, got {spec!r}")
     parts = spec.split(",")
     if len(parts) > 2:
         raise ValueError(f"draft {spec!r}: at most two drafts, 'FIRST,THEN' (a fallback)")
     out = []
     for part in parts:
         name, *ngrams = part.strip().split(":")
+        if name == BIGRAM:
+            path = part.strip()[len(BIGRAM) + 1:]
+            if not path:
+                raise ValueError(f"draft {part!r}: '{BIGRAM}:PATH', PATH a table from "
+                                 "Bigram.save or `speculative-t5 fit_bigram`")
+            if not os.path.isfile(path):
+                raise ValueError(f"draft {part!r}: no bigram table at {path}")
+            out.append(BigramFile(path))
+            continue
         if name != ZERO_COST:
             out.append(part.strip())
             continue
@@ -118,11 +136,12 @@ def load_draft(spec: str, **load_kwargs):
     """A draft from its command-line / gin spec:
        PATH                          a draft model checkpoint (`load_checkpoint(PATH, ...)`)
        prompt_lookup[:MAX[:MIN]]     `PromptLookup(max_ngram=MAX (3), min_ngram=MIN (1))`
+       bigram:TABLE.npz              `Bigram.load(TABLE.npz)` (the paper's bigram draft)
        FIRST,THEN                    `Fallback(FIRST, THEN)`, e.g. 'prompt_lookup,PATH'
     load_kwargs go to `load_checkpoint` (role 'draft')."""
-    from speculative_t5.decoding.drafts import Fallback
-    drafts = [load_checkpoint(p, role="draft", **load_kwargs) if isinstance(p, str) else p
-              for p in draft_parts(spec)]
+    from speculative_t5.decoding.drafts import Bigram, Fallback
+    drafts = [load_checkpoint(p, role="draft", **load_kwargs) if isinstance(p, str) else
+              Bigram.load(p.path) if isinstance(p, BigramFile) else p for p in draft_parts(spec)]
     return drafts[0] if len(drafts) == 1 else Fallback(*drafts)
 
 
@@ -131,5 +150,5 @@ def save_checkpoint(model: Model, path: str, overwrite: bool = False) -> None:
     save_native(model, path, overwrite)
 
 
-__all__ = ["CheckpointError", "FORMATS", "detect_format", "draft_parts", "export_hf",
+__all__ = ["BigramFile", "CheckpointError", "FORMATS", "detect_format", "draft_parts", "export_hf",
            "load_checkpoint", "load_draft", "save_checkpoint"]

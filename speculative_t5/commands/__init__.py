@@ -5,6 +5,7 @@
   speculative-t5 decode --target PATH [--draft PATH] (--input_file F --output F.jsonl | --prompt TEXT)
       [--vocab spiece.model] [--gamma 4] [--temperature 0] [--top_k 0] [--top_p 1]
       [--verification token|block] ...
+  speculative-t5 fit_bigram --input_file refs.tsv --target PATH --output bigram.npz  (then --draft bigram:bigram.npz)
   speculative-t5 train --gin_file=configs/demo_target.gin [--gin.train.steps=100]
   speculative-t5 distill --gin_file=configs/demo_draft.gin
   speculative-t5 train_lm --gin_file=configs/gpt2_demo_target.gin   (then distill_lm, _draft.gin)
@@ -68,7 +69,7 @@ COMMANDS: Dict[str, Command] = {
          ("--family", dict(choices=("t5", "gpt2"), help="t5 (docstrings, the default) or gpt2 "
                            "(decoder-only: code completion)")),
          ("--drafts", dict(action="store_true", default=None, help="also the table draft kind x "
-                           "verification (prompt lookup, Fallback(lookup, draft), block at T=1; "
+                           "verification (prompt lookup, bigram, Fallback(lookup, draft), block at T=1; "
                            "adds minutes)")))),
     "convert": Command(
         "convert a checkpoint (HF, T5X, native) to native or HF",
@@ -83,8 +84,9 @@ COMMANDS: Dict[str, Command] = {
         "decode a text/TSV file into JSONL (speculative with --draft)",
         "speculative_t5.commands.decode:decode",
         (("--target", dict(help="target model checkpoint (HF, T5X or native)")),
-         ("--draft", dict(help="draft model checkpoint, 'prompt_lookup[:MAX[:MIN]]' (no model), "
-                          "or 'prompt_lookup,PATH' (the lookup where it matches, else the "
+         ("--draft", dict(help="draft model checkpoint, 'prompt_lookup[:MAX[:MIN]]' or "
+                          "'bigram:TABLE.npz' (no model: `fit_bigram` writes the table), or "
+                          "'prompt_lookup,PATH' (the lookup where it matches, else the "
                           "model); omit for plain decoding")),
          ("--input_file", dict(help="one input a line (.tsv: input<TAB>reference)")),
          ("--prompt", dict(help="one text instead of --input_file: its continuation is printed "
@@ -108,6 +110,16 @@ COMMANDS: Dict[str, Command] = {
          ("--activation_dtype", dict(choices=DTYPES, help="compute dtype (T5X's "
                                      "ACTIVATION_DTYPE; default float32)"))),
         "--target, and --input_file with --output or --prompt (or decode.* gin bindings)"),
+    "fit_bigram": Command(
+        "fit the paper's bigram draft on text (a .tsv's references or a file's lines) and "
+        "save it for --draft bigram:TABLE.npz", "speculative_t5.commands.bigram:fit_bigram",
+        (("--input_file", dict(help="one text a line, or .tsv input<TAB>reference (fitted on "
+                               "the references)")),
+         ("--output", dict(help="the table, an .npz file")),
+         ("--target", dict(help="the target checkpoint (its vocab_size and vocabulary)")),
+         ("--vocab", dict(help="the vocabulary, if not in the target's directory")),
+         ("--top", dict(type=int, help="successors kept per token (default 256)"))),
+        "--input_file, --output and --target"),
     "train": Command("train a T5 on the demo corpus (gin-configured, resumable)",
                      "speculative_t5.training:train", TRAINER_OPTIONS,
                      "a --gin_file that sets the run (e.g. configs/demo_target.gin)"),

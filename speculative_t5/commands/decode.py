@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from speculative_t5.checkpoints import draft_parts, load_checkpoint, load_draft
+from speculative_t5.checkpoints import BigramFile, draft_parts, load_checkpoint, load_draft
 from speculative_t5.commands import interrupt
 from speculative_t5.data import BPEVocabulary, find_vocabulary, pad_rows, pad_to, read_inputs
 from speculative_t5.decoding.output import combine
@@ -44,6 +44,7 @@ def _draft_identity(spec: Optional[str]):
     if spec is None:
         return None
     parts = [_identity(p) if isinstance(p, str) else
+             {"kind": "bigram", **_identity(p.path)} if isinstance(p, BigramFile) else
              {"kind": "prompt_lookup", "max_ngram": p.max_ngram, "min_ngram": p.min_ngram}
              for p in draft_parts(spec)]
     return parts[0] if len(parts) == 1 else parts
@@ -128,8 +129,8 @@ def decode(target: str = gin.REQUIRED, input_file: Optional[str] = None,
     (`--gin.Partitioner.num_partitions=4`): the models load straight into their shards and
     each batch's rows spread over 'data'. Several processes (`--multiprocess` or
     `--coordinator_address ...`) run every batch together; process 0 writes the output.
-    draft: a draft model checkpoint, 'prompt_lookup[:MAX[:MIN]]' (no model), or
-    'FIRST,THEN' (a fallback: 'prompt_lookup,PATH'); see `checkpoints.load_draft`.
+    draft: a draft model checkpoint, 'prompt_lookup[:MAX[:MIN]]' or 'bigram:TABLE.npz' (no
+    model), or 'FIRST,THEN' (a fallback: 'prompt_lookup,PATH'); see `checkpoints.load_draft`.
     verification: "token" (default) or "block"; draft_stop: a probability, as in
     `st.generate`; both part of the run. adaptive_gamma: gamma becomes each round's
     maximum, c and v measured at the first batch (see `st.generate`)."""

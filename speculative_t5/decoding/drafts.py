@@ -311,6 +311,9 @@ class PromptLookup:
         return Proposal(xs, qs, count, jnp.zeros_like(found), state)
 
 
+BIGRAM_KIND = "speculative_t5.Bigram"
+
+
 @jax.tree_util.register_pytree_node_class
 class Bigram:
     """A bigram draft: q(. | previous token) from a sparse table [V, top] -- each token's
@@ -382,6 +385,40 @@ class Bigram:
         rest = np.where(others > 0, (1.0 - probs.sum(1)) / max(others, 1), 0.0)
         rest = np.maximum(rest, 0.0)
         return cls(jnp.asarray(successors, jnp.int32), jnp.asarray(probs, jnp.float32),
+                   jnp.asarray(rest, jnp.float32))
+
+    def save(self, path: str) -> None:
+        """Write the table to an .npz file (`Bigram.load` reads it; the draft spec
+        'bigram:PATH' of `decode --draft` and the paper cells)."""
+        with open(path, "wb") as f:
+            np.savez(f, kind=np.array(BIGRAM_KIND), successors=np.asarray(self.successors),
+                     probs=np.asarray(self.probs), rest=np.asarray(self.rest))
+
+    @classmethod
+    def load(cls, path: str) -> "Bigram":
+        """A table `save` wrote; anything else (another file, a table whose rows are not
+        distributions) is a ValueError naming the file and the problem."""
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                arrays = {k: f[k] for k in f.files}
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{path}: not a Bigram table (.npz from Bigram.save): {e}") from None
+        if str(arrays.get("kind")) != BIGRAM_KIND or not {"successors", "probs", "rest"} <= set(arrays):
+            raise ValueError(f"{path}: not a Bigram table (.npz from Bigram.save); it holds "
+                             f"{sorted(arrays)}")
+        succ, probs, rest = arrays["successors"], arrays["probs"], arrays["rest"]
+        V = rest.shape[0] if rest.ndim == 1 else -1
+        if succ.ndim != 2 or succ.shape != probs.shape or succ.shape[0] != V or \
+                not np.issubdtype(succ.dtype, np.integer):
+            raise ValueError(f"{path}: Bigram arrays have shapes successors {succ.shape}, probs "
+                             f"{probs.shape}, rest {rest.shape}; expected [V, top], [V, top], [V]")
+        if succ.min() < 0 or succ.max() >= V:
+            raise ValueError(f"{path}: successor ids outside [0, {V})")
+        mass = probs.sum(1) + rest * (V - succ.shape[1])
+        if (probs < 0).any() or (rest < 0).any() or np.abs(mass - 1).max() > 1e-3:
+            raise ValueError(f"{path}: Bigram rows are not distributions (row sums in "
+                             f"[{mass.min():.4f}, {mass.max():.4f}])")
+        return cls(jnp.asarray(succ, jnp.int32), jnp.asarray(probs, jnp.float32),
                    jnp.asarray(rest, jnp.float32))
 
     def table(self, prev: Array) -> Array:

@@ -9,6 +9,7 @@ and sets TARGET_CHECKPOINT, DRAFT_CHECKPOINT and GAMMA. Examples come from a seq
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
@@ -176,6 +177,33 @@ def fallback_draft(first: str = "prompt_lookup", then: str = gin.REQUIRED) -> st
             raise ValueError(f"fallback_draft.{field} must be one draft spec (a path or "
                              f"'prompt_lookup[:MAX[:MIN]]'), got {value!r}")
     return f"{first},{then}"
+
+
+@gin.configurable
+def demo_bigram(vocabulary: str = gin.REQUIRED, target: str = gin.REQUIRED,
+                top: int = 256) -> str:
+    """The draft spec 'bigram:PATH' of the paper's bigram draft fitted on the demo corpus's
+    train targets (`Bigram.fit`, the target's vocab_size), written once per vocabulary,
+    Python version and `top` under ~/.cache/speculative_t5 ($SPECULATIVE_T5_CACHE)."""
+    import sys
+    from speculative_t5.experiments.rundir import fingerprint
+    from speculative_t5.data.demo_corpus import build_corpus
+    from speculative_t5.decoding.drafts import Bigram
+    from speculative_t5.measure.plan import read_config
+    root = os.environ.get("SPECULATIVE_T5_CACHE",
+                          os.path.join(os.path.expanduser("~"), ".cache", "speculative_t5"))
+    vocab_size = read_config(target).vocab_size
+    name = (f"demo_bigram_{fingerprint(vocabulary)[:16]}_v{vocab_size}_top{top}_"
+            f"py{sys.version_info[0]}{sys.version_info[1]}.npz")
+    path = os.path.join(root, name)
+    if not os.path.exists(path):
+        vocab = Vocabulary(vocabulary)
+        targets = [vocab.encode(e["target"]) for e in build_corpus() if e["split"] == "train"]
+        os.makedirs(root, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp.npz"
+        Bigram.fit(targets, vocab_size, top=top).save(tmp)
+        os.replace(tmp, path)              # whole or absent, even with two writers
+    return f"bigram:{path}"
 
 
 @gin.configurable

@@ -60,6 +60,13 @@ DRAFT_CELLS = {
         ("DRAFT_CHECKPOINT = @fallback_draft()", "fallback_draft.first = 'prompt_lookup:3:1'",
          "fallback_draft.then = @draft/demo_model_dir()",
          "DRAFT_NAME = 'prompt lookup, else demo draft'"), "fallback_draft.then"),
+    "docstrings_bigram_t0": DemoCell(
+        ("# The demo target with the paper's bigram draft (no model: each token's 256 most",
+         "# frequent successors in the demo corpus's train targets, `Bigram.fit`), argmax.",
+         "#   speculative-t5 walltime_table --cell configs/demo/docstrings_bigram_t0.gin --output_dir runs/bigram"),
+        ("speculative_greedy",),
+        ("DRAFT_CHECKPOINT = @demo_bigram()", "demo_bigram.vocabulary = %VOCABULARY",
+         "demo_bigram.target = %TARGET_CHECKPOINT", "DRAFT_NAME = 'bigram'"), None),
     "docstrings_t1_block": DemoCell(
         ("# The T = 1 demo cell with block verification (Sun et al. 2025) instead of token-wise:",
          "#   speculative-t5 walltime_table --cell configs/demo/docstrings_t1.gin \\",
@@ -114,7 +121,7 @@ def demo(output_dir: Optional[str] = None, num_examples: int = 32, gamma: int = 
     """Run the demo; returns the summary also written to output_dir/summary.json (default
     runs/demo_output, runs/demo_gpt2 for family 'gpt2': the decoder-only demo on the
     shipped GPT-2 pair, `demo_gpt2`).
-    drafts: also run `walltime_table` over DRAFT_CELLS (prompt lookup, Fallback(lookup,
+    drafts: also run `walltime_table` over DRAFT_CELLS (prompt lookup, bigram, Fallback(lookup,
     draft), block verification at T = 1) for the table draft kind x verification (opt-in:
     it adds minutes to the demo)."""
     if family not in FAMILIES:

@@ -8,8 +8,10 @@ emitted); where it finds a match, q is one-hot on the token it copies and the ov
 p(that token); where it finds none there is no proposal and the overlap is 0 (a round
 there emits the target's one token, as at alpha 0). The fraction of positions with a
 proposal is reported apart as `coverage`, with `alpha_covered` the mean overlap there.
-A Fallback(PromptLookup, model): the lookup's one-hot q where it matches, the model's q
-elsewhere. Only a round's first draft is judged this way: the decode copies a span from
+A Bigram: q is its table's row for the token before each position (the decoder's start
+token first, as `Bigram.fit` counts it; a GPT-2's last prompt token), adjusted as its
+proposals are. A Fallback(PromptLookup, model or Bigram): the lookup's one-hot q where it
+matches, the other's q elsewhere. Only a round's first draft is judged this way: the decode copies a span from
 one match, the teacher-forced lookup looks anew at each position."""
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative_t5.decoding.drafts import Fallback, PromptLookup
+from speculative_t5.decoding.drafts import Bigram, Fallback, PromptLookup
 from speculative_t5.decoding.sampling import SamplingConfig, adjust
 from speculative_t5.model.api import Model, forward
 
@@ -59,8 +61,9 @@ def overlap_per_token(target: Model, draft, input_ids, output_tokens,
                       sampling: SamplingConfig, prompt_lengths=None):
     """(sum_x min(p, q) [B, T], mask [B, T], covered [B, T] or None) along output_tokens
     (EOS included, padding after it excluded). A decoder-only pair reads input_ids as
-    prompts with prompt_lengths. draft: a Model; a PromptLookup or Fallback(PromptLookup,
-    Model), teacher-forced (module docstring): covered says where the lookup proposes."""
+    prompts with prompt_lengths. draft: a Model or a Bigram; a PromptLookup or
+    Fallback(PromptLookup, Model or Bigram), teacher-forced (module docstring): covered
+    says where the lookup proposes."""
     out = jnp.asarray(output_tokens, jnp.int32)
     lookup, model = _parts(draft)
     if target.decoder_only:
@@ -70,14 +73,22 @@ def overlap_per_token(target: Model, draft, input_ids, output_tokens,
         eos = np.asarray(out) == target.config.eos_id
         mask = np.cumsum(eos, 1) - eos == 0                                    # up to EOS
         input_mask = np.arange(np.shape(input_ids)[1])[None, :] < lengths[:, None]
+        last = np.take_along_axis(np.asarray(input_ids), lengths[:, None] - 1, 1)
+        prev = jnp.concatenate([jnp.asarray(last, jnp.int32), out[:, :-1]], 1)  # [B, T]
     else:
         dec = jnp.pad(out[:, :-1], ((0, 0), (1, 0)))                           # start token 0
         logits = lambda m: forward(m, input_ids, dec)                          # noqa: E731
         mask = np.asarray(out != 0)
         input_mask = np.asarray(input_ids) != target.config.pad_id
+        prev = dec                                                             # [B, T]
     p = adjust(logits(target), sampling)                                       # [B, T, V]
-    overlap = jnp.zeros(out.shape, jnp.float32) if model is None else \
-        jnp.sum(jnp.minimum(p, adjust(logits(model), sampling)), axis=-1)      # [B, T]
+    if isinstance(model, Bigram):
+        B, T = out.shape
+        q = adjust(jnp.log(model.table(prev.reshape(-1))).reshape(B, T, -1), sampling)
+    else:
+        q = None if model is None else adjust(logits(model), sampling)        # [B, T, V]
+    overlap = jnp.zeros(out.shape, jnp.float32) if q is None else \
+        jnp.sum(jnp.minimum(p, q), axis=-1)                                    # [B, T]
     if lookup is None:
         return np.asarray(overlap), mask, None
     x, found = lookup_along(lookup, input_ids, input_mask, out)                # [B, T]
@@ -85,17 +96,18 @@ def overlap_per_token(target: Model, draft, input_ids, output_tokens,
     return np.asarray(jnp.where(found, copied, overlap)), mask, np.asarray(found)
 
 
-def _parts(draft) -> Tuple[Optional[PromptLookup], Optional[Model]]:
-    """(lookup, model) of a draft alpha can be measured for."""
-    if isinstance(draft, Model):
+def _parts(draft) -> Tuple[Optional[PromptLookup], Any]:
+    """(lookup, the Model or Bigram beside or instead of it) of a draft alpha can be
+    measured for."""
+    if isinstance(draft, (Model, Bigram)):
         return None, draft
     if isinstance(draft, PromptLookup):
         return draft, None
     if isinstance(draft, Fallback) and isinstance(draft.first, PromptLookup) \
-            and isinstance(draft.then, Model):
+            and isinstance(draft.then, (Model, Bigram)):
         return draft.first, draft.then
-    raise ValueError(f"alpha is measured for a draft Model, a PromptLookup or "
-                     f"Fallback(PromptLookup, Model), not {draft!r}")
+    raise ValueError(f"alpha is measured for a draft Model, a Bigram, a PromptLookup or "
+                     f"Fallback(PromptLookup, Model or Bigram), not {draft!r}")
 
 
 def overlap_sums(target: Model, draft, input_ids, output_tokens,
