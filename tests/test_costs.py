@@ -139,6 +139,20 @@ def test_part_timers_once_times_one_width():
     assert all(t >= 0 for t in [*once.values(), *measured.parts().values()])
 
 
+def test_a_gpt2_calls_set_up_is_timed_at_the_calls_width():
+    """A decoder-only call decodes a prompt one shorter than its positions; `call` is
+    reckoned from the set-up timed at that width, not at the steps' width."""
+    from speculative_t5.measure.costs import PartTimers
+    config = st.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=1, n_head=2,
+                           eos_id=63, pad_id=63)
+    timers = PartTimers(st.init_model(config), None, gammas=[], widths=[8], step_width=16,
+                        cache_len=8)
+    assert timers.call_width == 15
+    once = timers.once(8)
+    assert {"setup_target_8", "setup_target_15", "setup_target_16", "call"} <= set(once)
+    assert once["call"] >= 0.0
+
+
 def test_round_timer_runs_a_rounds_model_steps():
     """One timed round = gamma draft steps each fed the last's argmax, then the target over
     the gamma + 1 tokens: its last token is the target's argmax after that, as composed here

@@ -55,7 +55,7 @@ import numpy as np
 from speculative_t5.decoding.drafts import Fallback
 from speculative_t5.decoding.sampling import SamplingConfig
 from speculative_t5.generate import draft_models
-from speculative_t5.measure.timing import (call_timer, interleaved_medians, loop_kind,
+from speculative_t5.measure.timing import (call_timer, call_width, interleaved_medians, loop_kind,
                                            loop_timer, round_timer, setup_timer, step_timer)
 from speculative_t5.model.api import Model
 
@@ -221,8 +221,9 @@ class PartTimers:
                 self.timers[f"round_{g}"] = (round_timer(target, draft, g, step_width, cache_len,
                                                          STEPS), STEPS)
         self.timers["call"] = (call_timer(target, step_width), 1)
+        self.call_width = call_width(target, step_width)   # its set-up is timed too
         self.widths = {}                      # the set-up timers' names by input width
-        for w in sorted(set(widths) | {step_width}):
+        for w in sorted(set(widths) | {step_width, self.call_width}):
             for role, m in (("target", target), ("draft", model)):
                 if m is not None:
                     self.timers[f"setup_{role}_{w}"] = (setup_timer(m, w, cache_len), 1)
@@ -234,9 +235,11 @@ class PartTimers:
 
     def _names(self, width: Optional[int]):
         """The timers `once(width)` runs: all but other widths' set-up (the target's at the
-        steps' width always: `call` is reckoned from it)."""
+        steps' width and at the call's always: the decodes' set-up is reckoned beside the
+        first, `call` from the second)."""
+        always = {f"setup_target_{self.step_width}", f"setup_target_{self.call_width}"}
         return [n for n in self.timers if not n.startswith("setup_") or width is None
-                or n in self.widths[width] or n == f"setup_target_{self.step_width}"]
+                or n in self.widths[width] or n in always]
 
     def measure(self, rounds: int, warmup: int = 2) -> "Costs":
         """Median seconds per unit of every part, timed in turn within each round."""
@@ -261,7 +264,7 @@ class PartTimers:
         per = {n: t / self.timers[n][1] for n, t in seconds.items()}
         # a 1-token decode at the steps' width less its device work: the set-up timer's call
         # (set-up and first step) and one plain step's loop work
-        per["call"] = max(per["call"] - per[f"setup_target_{self.step_width}"] - per["loop_0"], 0.0)
+        per["call"] = max(per["call"] - per[f"setup_target_{self.call_width}"] - per["loop_0"], 0.0)
         for n in per:
             if n.startswith("setup_"):
                 per[n] = max(per[n] - per[n.split("_")[1] + "_1"], 0.0)

@@ -38,13 +38,18 @@ def _setup_and_step(model: Model, x, lengths, cache_len: int):
     return decode(model, cache, x[:, :1], jnp.zeros((1,), jnp.int32))
 
 
+def call_width(model: Model, width: int) -> int:
+    """The input width `call_timer` decodes at: `width`, cut for a decoder-only model so
+    that its prompt and one new token fit the model's positions."""
+    return min(width, model.config.n_positions - 1) if model.decoder_only else width
+
+
 def call_timer(model: Model, width: int, seed: int = 0) -> Callable[[], Any]:
-    """A no-argument function decoding one token of a random [1, width] input with
-    `st.generate`, as a walltime driver calls it: its time less the
-    set-up, one step and one plain step's loop work is what a call of `generate` pays
-    besides the device's work (argument checks, keys, dispatch, moving the output)."""
-    if model.decoder_only:  # the prompt and its one new token within the model's positions
-        width = min(width, model.config.n_positions - 1)
+    """A no-argument function decoding one token of a random [1, call_width] input with
+    `st.generate`, as a walltime driver calls it: its time less the set-up at that width,
+    one step and one plain step's loop work is what a call of `generate` pays besides the
+    device's work (argument checks, keys, dispatch, moving the output)."""
+    width = call_width(model, width)
     x = np.random.RandomState(seed).randint(2, model.config.vocab_size, (1, width))
     return lambda: generate(model, x, max_decode_len=1).tokens
 
