@@ -18,7 +18,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 import gin
 import jax
 
-from speculative_t5.experiments import drivers
+from speculative_t5.experiments import drivers, timed
 from speculative_t5.experiments.rundir import RunDir
 from speculative_t5.measure.quality import summary_quality
 
@@ -72,6 +72,19 @@ DRAFT_CELLS = {
          "#   speculative-t5 walltime_table --cell configs/demo/docstrings_t1.gin \\",
          "#       --cell configs/demo/docstrings_t1_block.gin --output_dir runs/block"),
         ("speculative_sampling", "block_verification"))}
+
+
+def _sampled(cell: DemoCell) -> DemoCell:
+    """An argmax draft cell at temperature 1 (its sampled twin)."""
+    header = tuple(h.replace("argmax.", "temperature 1.").replace("_t0.gin", "_t1.gin")
+                   for h in cell.header)
+    return cell._replace(header=header, blocks=("speculative_sampling",))
+
+
+# every zero-cost draft sampled too: a copy's one-hot q is accepted with probability p(copy)
+DRAFT_CELLS.update({name.replace("_t0", "_t1"): _sampled(DRAFT_CELLS[name])
+                    for name in ("docstrings_lookup_t0", "docstrings_fallback_t0",
+                                 "docstrings_bigram_t0")})
 RUN_DIRS = ("cells", "walltime", "gamma_sweep", "drafts")
 FAMILIES = ("t5", "gpt2")
 
@@ -115,7 +128,7 @@ def _fresh(output_dir: str) -> None:
 @gin.configurable(denylist=["quiet"])
 def demo(output_dir: Optional[str] = None, num_examples: int = 32, gamma: int = 4,
          temperature: float = 1.0, gammas: Sequence[int] = (1, 2, 4, 7),
-         sweep_examples: int = 16, timing_rounds: int = 10, target: Optional[str] = None,
+         sweep_examples: int = 16, timing_rounds: Optional[int] = None, target: Optional[str] = None,
          draft: Optional[str] = None, vocab: Optional[str] = None, show: int = 3,
          family: str = "t5", drafts: bool = False, quiet: bool = False) -> Dict:
     """Run the demo; returns the summary also written to output_dir/summary.json (default
@@ -123,12 +136,15 @@ def demo(output_dir: Optional[str] = None, num_examples: int = 32, gamma: int = 
     shipped GPT-2 pair, `demo_gpt2`).
     drafts: also run `walltime_table` over DRAFT_CELLS (prompt lookup, bigram, Fallback(lookup,
     draft), block verification at T = 1) for the table draft kind x verification (opt-in:
-    it adds minutes to the demo)."""
+    it adds minutes to the demo).
+    timing_rounds: rounds of the cost model's up-front part timing; default 3 for T5 (its
+    drivers time every part again beside each example, and predict from those), 10 for
+    GPT-2 (predicted from the up-front parts alone)."""
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
     output_dir = output_dir or ("runs/demo_gpt2" if family == "gpt2" else "runs/demo_output")
     if family == "gpt2":
-        return _gpt2(output_dir, num_examples, gamma, temperature, timing_rounds, target,
+        return _gpt2(output_dir, num_examples, gamma, temperature, timing_rounds or 10, target,
                      draft, vocab, show, quiet)
     t_start = time.perf_counter()
     if (target or draft or vocab) and not (target and draft and vocab):
@@ -137,8 +153,8 @@ def demo(output_dir: Optional[str] = None, num_examples: int = 32, gamma: int = 
         raise ValueError(f"num_examples must be an int >= 1, got {num_examples!r}")
     _fresh(output_dir)
     cells = _write_cells(output_dir, CELLS, gamma, num_examples, temperature, target, draft, vocab)
-    rounds = [f"walltime_cell.timing_rounds = {timing_rounds}",
-              f"gamma_sweep_cell.timing_rounds = {timing_rounds}"]
+    rounds = [f"walltime_cell.timing_rounds = {timing_rounds or 3}",
+              f"gamma_sweep_cell.timing_rounds = {timing_rounds or 3}"]
     greedy, sampled = drivers.run(
         "walltime_table", cells, os.path.join(output_dir, "walltime"),
         bindings=["walltime_cell.t5x_baseline = False", *rounds], quiet=quiet)
@@ -221,8 +237,8 @@ SETTING_KEYS = ("alpha", "alpha_ci95", "positions", "c", "v", "gamma", "tokens_p
 
 
 def _summary(greedy: Dict, sampled: Dict, sweep: Dict, output_dir: str, temperature: float) -> Dict:
-    with open(os.path.join(output_dir, "walltime", "docstrings_t0", "timing.json")) as f:
-        costs = json.load(f)["costs"]
+    run = RunDir(os.path.join(output_dir, "walltime", "docstrings_t0"))
+    costs = timed.costs_of(timed.load_timing(run), run.records())  # the parts beside the decodes
     out = {k: greedy[k] for k in SETTING_KEYS}
     out.update(greedy_identical_fraction=greedy["identical_fraction"],
                # the noise floor: plain greedy itself, batch 4 against batch 1
@@ -236,7 +252,7 @@ def _summary(greedy: Dict, sampled: Dict, sweep: Dict, output_dir: str, temperat
                num_examples=greedy["examples"],
                compile_seconds=greedy["compile_seconds"] + sampled["compile_seconds"]
                + sweep["compile_seconds"],
-               setup_ms={w: {k: 1e3 * t for k, t in s.items()} for w, s in costs["setup"].items()},
+               setup_ms={str(w): {k: 1e3 * t for k, t in s.items()} for w, s in costs.setup.items()},
                device=f"{jax.devices()[0].platform} ({os.cpu_count()} cores)")
     return out
 
