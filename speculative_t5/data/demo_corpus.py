@@ -21,7 +21,7 @@ import os
 import re
 import sysconfig
 from multiprocessing import Pool
-from typing import Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Dict, FrozenSet, Iterable, Iterator, List, Optional, Tuple
 
 PREFIX = "summarize: "
 SPLITS = ("train", "validation", "test")
@@ -48,10 +48,16 @@ def first_sentence(doc: str, max_words: int = 24) -> Optional[str]:
     return sentence
 
 
-def _functions(tree: ast.AST) -> Iterator[ast.AST]:
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            yield node
+_DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def _documented(tree: ast.AST) -> List[ast.AST]:
+    """The module and its classes and functions (the nodes that hold docstrings), walk order."""
+    return [node for node in ast.walk(tree) if isinstance(node, _DOCUMENTED)]
+
+
+def _functions(nodes: Iterable[ast.AST]) -> List[ast.AST]:
+    return [n for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
 
 
 def examples_from_source(source: str, module: str, max_source_chars: int = 1500) -> List[Dict]:
@@ -59,8 +65,13 @@ def examples_from_source(source: str, module: str, max_source_chars: int = 1500)
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return []
+    return examples_from_functions(_functions(ast.walk(tree)), module, max_source_chars)
+
+
+def examples_from_functions(functions: Iterable[ast.AST], module: str,
+                            max_source_chars: int = 1500) -> List[Dict]:
     out = []
-    for node in _functions(tree):
+    for node in functions:
         doc = ast.get_docstring(node, clean=True)
         target = first_sentence(doc) if doc else None
         if target is None:
@@ -76,6 +87,14 @@ def examples_from_source(source: str, module: str, max_source_chars: int = 1500)
         out.append({"module": module, "name": node.name, "input": PREFIX + code,
                     "target": target, "split": split_of(module)})
     return out
+
+
+_WORD = re.compile(r"[a-z]+")
+
+
+def words(text: str) -> list:
+    """Lower-cased runs of letters: "get_user() Returns" -> ['get', 'user', 'returns']."""
+    return _WORD.findall(text.lower())
 
 
 def stdlib_modules(stdlib: Optional[str] = None, skip=_SKIP_DIRS) -> Iterator[tuple]:
@@ -94,23 +113,35 @@ def stdlib_modules(stdlib: Optional[str] = None, skip=_SKIP_DIRS) -> Iterator[tu
 def build_corpus(stdlib: Optional[str] = None) -> List[Dict]:
     """All examples, deterministic order (module path, then position in the file). Built
     once per process (parsing the standard library takes seconds); a fresh list each call."""
-    return [dict(e) for e in _build_corpus(stdlib)]
+    return [dict(e) for e in _scan_stdlib(stdlib)[0]]
+
+
+def docstring_words(stdlib: Optional[str] = None) -> FrozenSet[str]:
+    """Every word of every module, class and function docstring of the standard library
+    (the modules the corpus reads: tests and site-packages left out); from the same one
+    parse of the standard library as `build_corpus`."""
+    return _scan_stdlib(stdlib)[1]
 
 
 @functools.lru_cache(maxsize=2)
-def _build_corpus(stdlib: Optional[str]) -> Tuple[Dict, ...]:
-    examples, seen = [], set()
+def _scan_stdlib(stdlib: Optional[str]) -> Tuple[Tuple[Dict, ...], FrozenSet[str]]:
+    """One parse of every standard-library module -> (the corpus, its docstrings' words)."""
+    examples, seen, vocab = [], set(), set()
     for module, path in stdlib_modules(stdlib):
         try:
             with open(path, encoding="utf-8") as f:
-                source = f.read()
-        except (UnicodeDecodeError, OSError):
+                tree = ast.parse(f.read())
+        except (UnicodeDecodeError, OSError, SyntaxError, ValueError):
             continue
-        for ex in examples_from_source(source, module):
+        nodes = _documented(tree)
+        for node in nodes:
+            doc = ast.get_docstring(node, clean=False)
+            vocab.update(words(doc) if doc else ())
+        for ex in examples_from_functions(_functions(nodes), module):
             if ex["input"] not in seen:  # a function copied into two modules would leak
                 seen.add(ex["input"])    # across splits: keep its first occurrence only
                 examples.append(ex)
-    return tuple(examples)
+    return tuple(examples), frozenset(vocab)
 
 
 _PACKAGE_SKIP_DIRS = {"test", "tests", "testing", "_vendor", "vendor", "__pycache__"}

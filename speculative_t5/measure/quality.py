@@ -4,39 +4,10 @@ docstrings) — a cheap check that a summary is English and not invented pieces
 ("viewerimect")."""
 from __future__ import annotations
 
-import ast
-import functools
-import re
 from typing import Dict, FrozenSet, Optional, Sequence
 
-from speculative_t5.data.demo_corpus import _SKIP_DIRS, stdlib_modules
+from speculative_t5.data.demo_corpus import docstring_words, words
 from speculative_t5.data.tasks import rouge
-
-_WORD = re.compile(r"[a-z]+")
-
-
-def words(text: str) -> list:
-    """Lower-cased runs of letters: "get_user() Returns" -> ['get', 'user', 'returns']."""
-    return _WORD.findall(text.lower())
-
-
-@functools.lru_cache(maxsize=2)
-def docstring_words(stdlib: Optional[str] = None) -> FrozenSet[str]:
-    """Every word of every module, class and function docstring of the standard library
-    (the modules the demo corpus reads: tests and site-packages left out)."""
-    vocab = set()
-    for _, path in stdlib_modules(stdlib, skip=_SKIP_DIRS):
-        try:
-            with open(path, encoding="utf-8") as f:
-                tree = ast.parse(f.read())
-        except (UnicodeDecodeError, OSError, SyntaxError, ValueError):
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                doc = ast.get_docstring(node, clean=False)
-                if doc:
-                    vocab.update(words(doc))
-    return frozenset(vocab)
 
 
 def real_word_fraction(texts: Sequence[str], known: Optional[FrozenSet[str]] = None) -> float:
