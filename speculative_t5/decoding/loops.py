@@ -157,9 +157,16 @@ def speculative_decode(target: StepFn, target_cache: Any, draft, draft_state: An
         stats = record_call(s.stats, ~s.done, emitted, 0, no, no, no[:, 0])
         return SpeculativeState(seq, m, done, tcache, s.draft_state, rng, stats)
 
-    def adaptive_round(s: SpeculativeState) -> SpeculativeState:
-        g = choose_gamma(running_alpha(s.stats), costs, gamma)
-        return jax.lax.cond(g == 0, plain_round, lambda s: round_(s, g), s)
+    def gamma_now(s: SpeculativeState) -> Array:
+        return choose_gamma(running_alpha(s.stats), costs, gamma)
 
-    s = jax.lax.while_loop(_running, round_ if costs is None else adaptive_round, state)
+    def adaptive_rounds(s: SpeculativeState) -> SpeculativeState:
+        # each round as gamma_now chooses: plain rounds, then drafting rounds, in two inner
+        # loops rather than a lax.cond per round (a cond's operands, the caches, were copied
+        # every round: a plain round cost 1.6x a plain step at batch 32)
+        s = jax.lax.while_loop(lambda s: _running(s) & (gamma_now(s) == 0), plain_round, s)
+        return jax.lax.while_loop(lambda s: _running(s) & (gamma_now(s) > 0),
+                                  lambda s: round_(s, gamma_now(s)), s)
+
+    s = jax.lax.while_loop(_running, round_ if costs is None else adaptive_rounds, state)
     return s.seq[:, 1:max_len + 1], s.m, s.stats
