@@ -5,9 +5,12 @@
 The shipped demo pair, held-out inputs (sorted by length, batched, widths rounded up to 32),
 max_decode_len 64. For each batch size: plain, fixed gamma 4 and `adaptive_gamma=True`
 (at most 4 drafts a round; c and v measured by `st.gamma_costs` at that batch size, once,
-before timing). Every variant runs once to compile and measure, then the variants are timed
-in turn 3 times (medians), so the machine's noise hits them alike. Prints tokens per second
-relative to plain, tokens per target call, and the rounds by drafts proposed.
+before timing), and the adaptive loop with costs that never let it draft (every round a
+plain step inside the speculative loop: what a plain round costs there). Every variant runs
+once to compile and measure, then the variants are timed in turn 3 times (medians), so the
+machine's noise hits them alike. Prints tokens per second relative to plain, tokens per
+target call, the rounds by drafts proposed, and milliseconds per loop iteration (the
+batches' slowest rows' target calls).
 """
 import argparse
 import time
@@ -32,7 +35,9 @@ def main():
     examples = sorted(demo_examples(num_examples=args.num_examples, vocabulary=vocab),
                       key=lambda e: len(e["inputs"]))
     variants = {"plain": {}, f"gamma {GAMMA}": dict(draft=draft, gamma=GAMMA),
-                f"adaptive (<= {GAMMA})": dict(draft=draft, gamma=GAMMA, adaptive_gamma=True)}
+                f"adaptive (<= {GAMMA})": dict(draft=draft, gamma=GAMMA, adaptive_gamma=True),
+                "adaptive, never drafting": dict(draft=draft, gamma=GAMMA,
+                                                 adaptive_gamma=st.GammaCosts(100.0, 100.0))}
     print(f"demo pair, {len(examples)} held-out inputs, T={args.temperature:g}, "
           f"max_decode_len {MAX_LEN}", flush=True)
     for B in (int(b) for b in args.batches.split(",")):
@@ -61,11 +66,13 @@ def main():
         for name in variants:
             outs = results[name]
             calls = sum(int(o.stats["target_calls"].sum()) for o in outs)
+            iterations = sum(int(o.stats["target_calls"].max()) for o in outs)
             hist = np.sum([o.stats["drafts_per_round_hist"].sum(0) for o in outs], axis=0)
             costs = outs[0].stats.get("adaptive_costs")
             extra = (f" c={costs['c']:.3f} v={costs['v']:.3f}" if costs else "")
             print(f"| {B} | {name} | {tokens[name] / seconds[name] / plain_rate:.2f}x | "
-                  f"{tokens[name] / calls:.3f} | {hist.tolist()} |{extra}", flush=True)
+                  f"{tokens[name] / calls:.3f} | {hist.tolist()} | "
+                  f"{1e3 * seconds[name] / iterations:.2f} |{extra}", flush=True)
         print(f"  (batch {B}: {time.perf_counter() - t0:.0f} s)", flush=True)
 
 

@@ -255,8 +255,9 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
     draft_stop: a probability t in (0, 1): a row stops drafting after a token its draft
     model gave probability below t (fewer draft calls; still exact); needs a draft model.
     adaptive_gamma: True, or measured costs `GammaCosts(c, v)`: gamma becomes each round's
-    maximum; a round drafts the number in 0..gamma that eq. (5) prefers for the batch's
-    running acceptance rate (0: a plain target step, where speculation does not pay). True
+    maximum; a round drafts the number in 0..gamma that eq. (5) prefers for the running
+    acceptance rate of the batch's slowest active row (0: a plain target step, where
+    speculation does not pay; the first round drafts if perfect drafts would pay). True
     measures c and v here at this batch size and width, once per process (a few seconds).
     Exact: the choice depends only on earlier rounds."""
     if not isinstance(model, Model):

@@ -1,5 +1,6 @@
 """Adaptive gamma (`adaptive_gamma=`): each round drafts the count eq. (5) prefers for the
-batch's running acceptance rate, 0 meaning a plain target step.
+running acceptance rate of the batch's slowest active row, 0 meaning a plain target step
+(the first round as if every draft were accepted).
 
 Exact by enumeration at T = 1 (token-wise and block, rounds of 0, 1 and gamma drafts in one
 decode); greedy identical to plain with a model draft and with a fallback whose model
@@ -30,8 +31,13 @@ def test_choose_gamma_follows_eq_5():
     assert pick(0.6, 0.3, 1.2) == 2
     assert pick(0.3, 0.1, 2.0) == 0          # speculation cannot pay for a 2x verify pass
     assert pick(0.99, 0.0, 1.0, gamma=7) == 7
-    stats = {"accepted_at": jnp.asarray([[3, 1]]), "reached_at": jnp.asarray([[4, 3]])}
-    assert float(running_alpha(stats)) == pytest.approx(7 / 11)  # prior 3 of 4
+    # rows' own rates shrunk toward the pooled one (prior 3 of 4: 7 / 12) by 4 pseudo-drafts;
+    # the least over the active rows: row 0 (4 + 4 * 7/12) / 11, row 1 (0 + 4 * 7/12) / 5
+    stats = {"accepted_at": jnp.asarray([[3, 1], [0, 0]]),
+             "reached_at": jnp.asarray([[4, 3], [1, 0]])}
+    rows = [(4 + 4 * 7 / 12) / 11, (4 * 7 / 12) / 5]
+    assert float(running_alpha(stats, jnp.asarray([True, True]))) == pytest.approx(rows[1])
+    assert float(running_alpha(stats, jnp.asarray([True, False]))) == pytest.approx(rows[0])
 
 
 @pytest.mark.parametrize("verification", ["token", "block"])

@@ -77,11 +77,15 @@ def choose_gamma(alpha: Array, costs: Array, gamma: int) -> Array:
     return jnp.argmax(tokens / cost).astype(jnp.int32)
 
 
-def running_alpha(stats: Dict[str, Array]) -> Array:
-    """The batch's acceptance rate so far, accepted / reached drafts, after a prior of 3
-    accepted out of 4 (alpha 0.75): a decode speculates until its own drafts say it does
-    not pay, and a short unlucky start does not end it (a plain round adds no evidence)."""
-    return (jnp.sum(stats["accepted_at"]) + 3.0) / (jnp.sum(stats["reached_at"]) + 4.0)
+def running_alpha(stats: Dict[str, Array], active: Array) -> Array:
+    """The acceptance rate the batch's slowest active row drafts at (a loop runs as long as
+    its slowest row): each row's accepted / reached drafts, shrunk toward the batch's pooled
+    rate by 4 pseudo-drafts, the least over the active rows [B]. The pooled rate starts from
+    a prior of 3 accepted out of 4, so a short unlucky start does not end speculation."""
+    accepted, reached = stats["accepted_at"].sum(1), stats["reached_at"].sum(1)   # [B]
+    pooled = (jnp.sum(accepted) + 3.0) / (jnp.sum(reached) + 4.0)
+    rows = (accepted + 4.0 * pooled) / (reached + 4.0)                           # [B]
+    return jnp.min(jnp.where(active, rows, 1.0))
 
 
 def _buffer(batch: int, max_len: int, start) -> Array:
@@ -116,9 +120,10 @@ def speculative_decode(target: StepFn, target_cache: Any, draft, draft_state: An
     Sun et al. 2025) decides how many drafts a round accepts. draft: a draft (`drafts`: a
     `ModelDraft` around a draft model's step function, ...) whose `init` made draft_state.
     costs: adaptive gamma -- [c, v] (traced): each round drafts at most `choose_gamma` of
-    the running acceptance rate, and makes a plain target step when that is 0 (the draft
-    then catches up later). Chosen from past rounds only, so still exact. start [B]: each
-    row's first token (see `_buffer`)."""
+    the running acceptance rate of the slowest active row (`running_alpha`; the first
+    round drafts as if every draft were accepted), and makes a plain target step when that
+    is 0 (the draft then catches up later). Chosen from past rounds only, so still exact.
+    start [B]: each row's first token (see `_buffer`)."""
     greedy = sampling.greedy
     verify = VERIFIERS[check_verification(verification, lenience)]
     state = SpeculativeState(_buffer(batch, max_len, start),
@@ -158,7 +163,12 @@ def speculative_decode(target: StepFn, target_cache: Any, draft, draft_state: An
         return SpeculativeState(seq, m, done, tcache, s.draft_state, rng, stats)
 
     def gamma_now(s: SpeculativeState) -> Array:
-        return choose_gamma(running_alpha(s.stats), costs, gamma)
+        # the first round drafts as if every draft were accepted: speculation is tried
+        # wherever it could pay (a plain round adds no evidence, so a cautious start would
+        # never learn); later rounds go by the drafts so far
+        first = jnp.all(s.stats["target_calls"] == 0)
+        alpha = jnp.where(first, 1.0, running_alpha(s.stats, ~s.done))
+        return choose_gamma(alpha, costs, gamma)
 
     def adaptive_rounds(s: SpeculativeState) -> SpeculativeState:
         # each round as gamma_now chooses: plain rounds, then drafting rounds, in two inner
