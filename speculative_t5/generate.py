@@ -62,7 +62,8 @@ def _generate(target: Model, draft: Any, input_ids, rng, temperature, lengths=No
         return plain_decode(step_fn(target), setup(target, input_ids, max_decode_len), B, max_decode_len,
                             eos, sampling, rng, start)
     # The verify pass writes up to position m + gamma <= max_decode_len + gamma - 1.
-    length = max_decode_len + gamma + 1
+    prompt = input_ids.shape[1] if target.decoder_only else 0   # a GPT-2's cache holds it too
+    length = cache_positions(prompt + max_decode_len + gamma + 1) - prompt
 
     def build(d, catch_up: bool):  # Models as the loops' drafts: step functions and caches
         if isinstance(d, Model):
@@ -74,6 +75,17 @@ def _generate(target: Model, draft: Any, input_ids, rng, temperature, lengths=No
     return speculative_decode(step_fn(target), tcache, draft, dstate, B,
                               max_decode_len, eos, gamma, sampling, rng, lenience, verification,
                               costs if adaptive else None, start)
+
+
+CACHE_MULTIPLE = 16
+
+
+def cache_positions(n: int) -> int:
+    """The positions a speculative decode's caches hold for n needed: n rounded up to a
+    multiple of 16. XLA's CPU kernels ran steps over an odd cache length slower (demo pair,
+    `experiments/bench_cache_length.py`: the target's one-token step at batch 32 over 69
+    positions 8.85-9.36 ms, over 80 8.20-8.66 ms; at batch 1 and 8 within noise)."""
+    return -(-n // CACHE_MULTIPLE) * CACHE_MULTIPLE
 
 
 def check_int(name: str, value, lo: int) -> int:
@@ -177,7 +189,7 @@ def decode_bytes(target: Model, draft: Optional[Model], batch: int, input_len: i
     """Bytes a decode allocates besides the weights (an estimate, from above): per model the
     encoder output and its attention scores, the cross-attention keys/values and the
     self-attention cache; the token buffer; the target's and draft's distributions a round."""
-    length = max_decode_len + (gamma + 1 if draft is not None else 0)
+    length = cache_positions(max_decode_len + gamma + 1) if draft is not None else max_decode_len
 
     def model_bytes(m: Model) -> int:
         c = m.config
@@ -385,7 +397,7 @@ def gamma_costs(model: Model, draft, input_ids, gamma: int = 4, max_decode_len: 
     c = 0.0
     drafts = draft_models(draft)
     if drafts:
-        B, W, L = ids.shape[0], ids.shape[1], max_decode_len + gamma + 1
+        B, W, L = ids.shape[0], ids.shape[1], cache_positions(max_decode_len + gamma + 1)
         t = step_times({f"draft_{i}": (d, 1) for i, d in enumerate(drafts)},
                        B, W, L, L // 2, rounds=5, steps=8, warmup=1)
         c = sum(t.values()) / per_plain

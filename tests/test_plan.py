@@ -68,16 +68,16 @@ def test_cache_bytes_equal_a_real_cache():
     model = _zeros_model(config)
     B, S, max_decode_len, gamma = 2, 7, 5, 3
     ids = jnp.ones((B, S), jnp.int32)
-    real = api.init_cache(model, ids, max_decode_len + gamma + 1)
+    length = 16  # max_decode_len + gamma + 1 = 9 positions, rounded up as generate allocates
+    real = api.init_cache(model, ids, length)
     real_bytes = sum(x.nbytes for x in _leaves(real))
     result = pl.plan(config, draft_config, batch=B, input_length=S,
                      max_decode_len=max_decode_len, gamma=gamma)
-    assert result["cache_length"] == max_decode_len + gamma + 1
+    assert result["cache_length"] == length
     assert result["bytes_per_device"]["target_cache"] == real_bytes
     assert result["target"]["cache_bytes"]["self"] == sum(x.nbytes for x in _leaves(real["self"]))
     assert result["target"]["cache_bytes"]["cross"] == sum(x.nbytes for x in _leaves(real["cross"]))
-    draft_real = api.init_cache(_zeros_model(draft_config), ids,
-                                max_decode_len + gamma + 1)
+    draft_real = api.init_cache(_zeros_model(draft_config), ids, length)
     assert result["bytes_per_device"]["draft_cache"] == sum(x.nbytes for x in _leaves(draft_real))
     # two partitions: heads halve in the self and cross caches, batch and encoded stay
     two = pl.plan(config, draft_config, num_partitions=2, batch=B, input_length=S,
@@ -185,14 +185,16 @@ def test_gpt2_presets_have_hugging_faces_parameter_counts():
     assert r["bytes_per_device"]["target_params"] == 4 * 1_557_611_200
     # a step reads every weight but the position table (1024 x 1600 floats)
     assert r["target"]["step_weight_bytes"] == 4 * (1_557_611_200 - 1024 * 1600)
-    assert r["cache_length"] == 256 + 128 + 4 + 1 and "target prefill" in r["activation_phases"]
+    # prompt + max_decode_len + gamma + 1 = 389 positions, rounded up to a multiple of 16
+    assert r["cache_length"] == 400 and "target prefill" in r["activation_phases"]
 
 
 def test_gpt2_cache_bytes_equal_a_real_prefilled_cache():
     config, draft_config = _tiny_gpt2(), _tiny_gpt2(n_layer=1, n_head=2)
     B, S, max_decode_len, gamma = 2, 6, 5, 3
+    # S + max_decode_len + gamma + 1 = 15 positions, rounded up to 16 as generate allocates
     real = api.prefill_cache(_zeros_model(config), jnp.ones((B, S), jnp.int32),
-                             jnp.full((B,), S, jnp.int32), max_decode_len + gamma + 1)
+                             jnp.full((B,), S, jnp.int32), 16 - S)
     r = pl.plan(config, draft_config, batch=B, input_length=S, max_decode_len=max_decode_len,
                 gamma=gamma)
     assert r["bytes_per_device"]["target_cache"] == sum(x.nbytes for x in _leaves(real))

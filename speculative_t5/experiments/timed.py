@@ -16,6 +16,7 @@ import jax
 
 from speculative_t5.experiments.cells import Cell
 from speculative_t5.experiments.rundir import RunDir
+from speculative_t5.generate import cache_positions
 from speculative_t5.measure.costs import Costs, PartTimers, timed_parts
 from speculative_t5.measure.timing import decoder_step_bytes, timed_decodes
 
@@ -46,10 +47,11 @@ def cell_costs(run: RunDir, cell: Cell, target, draft, gammas: Sequence[int],
     timers (`timed_examples` times every part again beside each example). Kept in
     timing.json, so a resumed run keeps the costs it started with."""
     widths = sorted(cell.width(e) for e in examples)
-    # the decodes' cache length (max_decode_len + gamma + 1) rounded up to a multiple of 16:
-    # cells with nearby lengths (the demo's walltime cells and its gamma sweep) then share
-    # the timers' compiled programs; a step's cost hardly depends on those few positions
-    cache_len = -(-(cell.max_decode_len + max(gammas) + 1) // 16) * 16
+    # the decodes' cache length at the largest gamma, as `generate` allocates it
+    # (`cache_positions`: max_decode_len + gamma + 1 rounded up to a multiple of 16); cells
+    # with nearby lengths (the demo's walltime cells and its gamma sweep) share it, and so
+    # the timers' compiled programs
+    cache_len = cache_positions(cell.max_decode_len + max(gammas) + 1)
     key = (cell.target, cell.draft, cell.dtype, tuple(gammas), tuple(sorted(set(widths))),
            widths[len(widths) // 2], cache_len,
            cell.sampling)  # the loop's own work: sampling costs more than argmax

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 from flax import traverse_util
 
+from speculative_t5.generate import cache_positions
 from speculative_t5.measure.analysis import (best_gamma, expected_tokens_per_call,
                                              walltime_improvement)
 from speculative_t5.model import api, gpt2
@@ -299,8 +300,9 @@ def plan(target_config: ModelConfig, draft_config: Optional[ModelConfig] = None,
          rules: Rules = STANDARD_RULES) -> Dict[str, Any]:
     """Bytes per device (parameters, caches, largest activations), whether they fit each
     chip in `CHIPS`, and HBM roofline times per step and per speculative round. Nothing is
-    allocated. Caches hold max_decode_len + gamma + 1 positions with a draft (as `generate`
-    sizes them), max_decode_len without; a GPT-2's also its prompt's input_length. A
+    allocated. Caches hold max_decode_len + gamma + 1 positions with a draft, rounded up to
+    a multiple of 16 (a GPT-2's with its prompt's input_length), as `generate` sizes them
+    (`cache_positions`), max_decode_len without. A
     replicated draft's cache is split over 'data' only, as `generate` places it. A batch
     that 'data' does not divide is padded up, as `generate` pads it (copies of the last
     row). Target and draft are one family (a GPT-2 target, a GPT-2 draft)."""
@@ -325,7 +327,9 @@ def plan(target_config: ModelConfig, draft_config: Optional[ModelConfig] = None,
     if draft_config is not None and not draft_replicated:
         _check_divisible(draft_config, "draft", num_partitions)
 
-    length = max_decode_len + gamma + 1 if draft_config is not None else max_decode_len
+    prompt = input_length if isinstance(target_config, GPT2Config) else 0
+    length = (cache_positions(prompt + max_decode_len + gamma + 1) - prompt
+              if draft_config is not None else max_decode_len)
     for config in (target_config, draft_config):
         if isinstance(config, GPT2Config) and input_length + max_decode_len > config.n_positions:
             raise ValueError(f"a prompt of input_length {input_length} tokens + max_decode_len "
