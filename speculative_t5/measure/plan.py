@@ -409,6 +409,8 @@ def format_plan(result: Dict[str, Any], chip: Optional[str] = None,
                   if d is not None else f"max_decode_len {r['max_decode_len']}")
     if t.get("family") == "gpt2":
         cache_note = f"the prompt's {r['input_length']} + " + cache_note
+    if d is not None:
+        cache_note += ", rounded up to a multiple of 16"
     lines.append(f"mesh: {m['num_devices']} devices = data {m['data']} x model {m['model']}; "
                  f"batch {r['batch']} ({r['rows_per_device']} rows per device), input "
                  f"{r['input_length']}, cache {r['cache_length']} positions ({cache_note})")
