@@ -153,8 +153,8 @@ def demo(output_dir: Optional[str] = None, num_examples: int = 32, gamma: int = 
         raise ValueError(f"num_examples must be an int >= 1, got {num_examples!r}")
     _fresh(output_dir)
     cells = _write_cells(output_dir, CELLS, gamma, num_examples, temperature, target, draft, vocab)
-    rounds = [f"walltime_cell.timing_rounds = {timing_rounds or 3}",
-              f"gamma_sweep_cell.timing_rounds = {timing_rounds or 3}"]
+    rounds = [f"{driver}.timing_rounds = {timing_rounds or 3}"
+              for driver in ("walltime_cell", "gamma_sweep_cell")]
     greedy, sampled = drivers.run(
         "walltime_table", cells, os.path.join(output_dir, "walltime"),
         bindings=["walltime_cell.t5x_baseline = False", *rounds], quiet=quiet)
