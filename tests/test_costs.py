@@ -40,6 +40,14 @@ def test_cost_formulas():
         32, 4, 5, 1, model_steps=8)
     assert r.speculative_seconds(32, 7, 5, 3) == c.speculative_seconds(32, 7, 5, 3)
     assert r.speculative_seconds(32, 4, 5, 3, model_steps=20) == r.speculative_seconds(32, 4, 5, 3)
+    # a plain decode's steps over its own (shorter) cache, where they were timed (T_plain);
+    # the speculative prediction and c, v keep T
+    short = Costs(**{**c.__dict__, "plain_step": 0.003})
+    assert short.plain_seconds(64, 20) == pytest.approx(0.002 + 20 * (0.003 + 0.00001))
+    assert short.speculative_seconds(32, 4, 5, 3) == c.speculative_seconds(32, 4, 5, 3)
+    assert (short.c, short.v(4)) == (c.c, c.v(4))
+    assert Costs.from_parts(short.parts(), 32, 40) == short and "plain_1" not in c.parts()
+    assert Costs.from_json(short.to_json()) == short
 
 
 def test_fallback_model_charged_for_the_steps_it_ran():
@@ -127,12 +135,15 @@ def test_part_timers_once_times_one_width():
     from speculative_t5.measure.costs import PartTimers
     target = st.init_model(tiny_config(), seed=0)
     draft = st.init_model(tiny_config(num_decoder_layers=1), seed=1)
-    timers = PartTimers(target, draft, gammas=[2], widths=[8, 16], step_width=8, cache_len=12)
+    timers = PartTimers(target, draft, gammas=[2], widths=[8, 16], step_width=8, cache_len=12,
+                        plain_len=10)
     measured = timers.measure(rounds=1)  # compiles and warms every timer, as a cell does
     once = timers.once(16)
-    # and the target's set-up at the steps' width (8), which `call` is reckoned from
+    # and the target's set-up at the steps' width (8), which `call` is reckoned from, and the
+    # plain decode's step over its own 10-position cache
     assert set(once) == {"target_1", "target_3", "draft_1", "draft_2", "loop_0", "loop_2",
-                         "round_2", "call", "setup_target_16", "setup_draft_16", "setup_target_8"}
+                         "round_2", "call", "setup_target_16", "setup_draft_16", "setup_target_8",
+                         "plain_1"}
     assert set(measured.parts()) == set(once) | {"setup_draft_8"}
     # a set-up part is its timer's call less one step: never negative; every step costs
     assert all(t > 0 for n, t in once.items() if not n.startswith("setup_"))

@@ -111,7 +111,7 @@ def demo_gpt2(output_dir: str, examples: Sequence[Dict[str, str]], target: str, 
     widths = sorted({-(-len(p) // WIDTH) * WIDTH for p in prompts})
     cache_len = max(widths) + max_new_tokens + gamma + 1
     costs = measure_costs(target_model, draft_model, [gamma], widths, widths[len(widths) // 2],
-                          cache_len, timing_rounds)
+                          cache_len, timing_rounds, plain_len=max_new_tokens)
     settings = {"greedy": SamplingConfig(0.0), "sampled": SamplingConfig(float(temperature))}
     summary, runs = {}, {}
     for name, sampling in settings.items():

@@ -54,7 +54,8 @@ def cell_costs(run: RunDir, cell: Cell, target, draft, gammas: Sequence[int],
     cache_len = cache_positions(cell.max_decode_len + max(gammas) + 1)
     key = (cell.target, cell.draft, cell.dtype, tuple(gammas), tuple(sorted(set(widths))),
            widths[len(widths) // 2], cache_len,
-           cell.sampling)  # the loop's own work: sampling costs more than argmax
+           cell.sampling,  # the loop's own work: sampling costs more than argmax
+           cell.max_decode_len)  # the plain decode's cache length
     path = os.path.join(run.path, "timing.json")
     saved = load_timing(run) if os.path.exists(path) else None
     if saved is not None and not all(str(g) in saved["costs"].get("round_loop", {}) for g in gammas):
@@ -71,7 +72,8 @@ def cell_costs(run: RunDir, cell: Cell, target, draft, gammas: Sequence[int],
         _MEASURED[key] = timers, costs
     timing = {"costs": costs.to_json(), "c": costs.c, "draft_parts": timed_parts(draft),
               "v": {str(g): costs.v(g) for g in gammas},
-              "step_ms": {"target_1": 1e3 * costs.target_step, "draft_1": 1e3 * costs.draft_step},
+              "step_ms": {"target_1": 1e3 * costs.target_step, "draft_1": 1e3 * costs.draft_step,
+                          "plain_1": None if costs.plain_step is None else 1e3 * costs.plain_step},
               "loop_ms": {"plain_step": 1e3 * costs.plain_loop,
                           **{f"round_{g}": 1e3 * costs.round_loop[g] for g in gammas}},
               # a round's model steps in turn (R_gamma) beyond the steps timed alone

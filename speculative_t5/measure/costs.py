@@ -1,7 +1,7 @@
 """The cost model: a decode's walltime predicted from parts measured separately on the
 device, none of them fitted to the decodes it predicts.
 
-    plain decode        = call + setup_target(W) + calls * (T + L_1)
+    plain decode        = call + setup_target(W) + calls * (T_plain + L_1)
     speculative decode  = call + setup_target(W) + setup_draft(W)
                           + rounds * (R_gamma + L_gamma) + two_token_calls * (T_d2 - c T)
 
@@ -12,7 +12,9 @@ setup_*(W): one model's encoder, cross-attention keys/values and cache allocatio
 input of width W, timed with the decode's first one-token step in one jitted call (so its
 dispatch is in it too) less a steady-state step: what a decode pays once, including its
 first pass over the weights from a colder cache (`timing.setup_timer`); T: a one-token target
-step; v T: a target step over gamma+1 tokens (the verify pass); c T: a one-token draft step;
+step (over the speculative caches' length; T_plain: over the plain decode's, max_decode_len
+positions, where it was timed); v T: a target step over gamma+1 tokens (the verify pass);
+c T: a one-token draft step;
 T_d2: a draft step over two tokens (the first draft call after a round that accepted every
 draft). Steps are timed inside one compiled loop, as the decode loop runs them
 (`timing.step_timer`). R_gamma: a round's model steps, gamma draft steps then the verify
@@ -75,6 +77,7 @@ class Costs:
     model_round: Dict[int, float] = dataclasses.field(default_factory=dict)
     # gamma -> R_gamma: a round's model steps, both models in turn (a draft model only)
     call: float = 0.0                  # st.generate's own cost per decode
+    plain_step: Optional[float] = None  # T over the plain decode's cache (None: target_step)
 
     @property
     def c(self) -> float:
@@ -84,7 +87,8 @@ class Costs:
         return self.verify[gamma] / self.target_step
 
     def plain_seconds(self, width: int, calls: int) -> float:
-        return self.call + self.setup[width]["target"] + calls * (self.target_step + self.plain_loop)
+        step = self.target_step if self.plain_step is None else self.plain_step
+        return self.call + self.setup[width]["target"] + calls * (step + self.plain_loop)
 
     def speculative_seconds(self, width: int, gamma: int, rounds: int, two_token_calls: int,
                             model_steps: Optional[int] = None) -> float:
@@ -118,9 +122,11 @@ class Costs:
     def parts(self) -> Dict[str, float]:
         """The parts by name, as `PartTimers` names them: target_1 (T), target_{g+1} (v T),
         draft_1 (c T), draft_2 (T_d2), setup_{target,draft}_{W}, loop_0 (L_1), loop_{g},
-        round_{g} (R_gamma), call."""
+        round_{g} (R_gamma), call, plain_1 (T_plain, where timed)."""
         out = {"target_1": self.target_step, "draft_1": self.draft_step,
                "draft_2": self.draft_two, "loop_0": self.plain_loop, "call": self.call}
+        if self.plain_step is not None:
+            out["plain_1"] = self.plain_step
         out.update({f"target_{g + 1}": t for g, t in self.verify.items()})
         out.update({f"loop_{g}": t for g, t in self.round_loop.items()})
         out.update({f"round_{g}": t for g, t in self.model_round.items()})
@@ -144,7 +150,7 @@ class Costs:
                    plain_loop=parts["loop_0"], round_loop={g: parts[f"loop_{g}"] for g in gammas},
                    step_width=step_width, cache_len=cache_len,
                    model_round={g: parts[f"round_{g}"] for g in gammas if f"round_{g}" in parts},
-                   call=parts.get("call", 0.0))
+                   call=parts.get("call", 0.0), plain_step=parts.get("plain_1"))
 
     def median_with(self, measured: Sequence[Dict[str, float]]) -> "Costs":
         """These costs with each part replaced by its median over `measured` (parts timed
@@ -208,14 +214,20 @@ class PartTimers:
     decodes, so the machine's drift hits the parts as it hits the decodes they predict)."""
 
     def __init__(self, target, draft, gammas: Sequence[int], widths: Sequence[int],
-                 step_width: int, cache_len: int, sampling: SamplingConfig = SamplingConfig()):
+                 step_width: int, cache_len: int, sampling: SamplingConfig = SamplingConfig(),
+                 plain_len: Optional[int] = None):
+        """plain_len: the plain decode's cache length (max_decode_len), where it differs from
+        the speculative caches' cache_len: its one-token step is timed there too (plain_1)."""
         model = draft_model(draft)
         self.step_width, self.cache_len = step_width, cache_len
-        specs = {"target_1": (target, 1), **{f"target_{g + 1}": (target, g + 1) for g in gammas}}
+        specs = {"target_1": (target, 1, cache_len),
+                 **{f"target_{g + 1}": (target, g + 1, cache_len) for g in gammas}}
+        if plain_len is not None and plain_len != cache_len:
+            specs["plain_1"] = (target, 1, plain_len)
         if model is not None:
-            specs.update(draft_1=(model, 1), draft_2=(model, 2))
-        self.timers = {name: (step_timer(m, 1, K, step_width, cache_len, cache_len // 2, STEPS),
-                              STEPS) for name, (m, K) in specs.items()}     # name -> (fn, units)
+            specs.update(draft_1=(model, 1, cache_len), draft_2=(model, 2, cache_len))
+        self.timers = {name: (step_timer(m, 1, K, step_width, L, L // 2, STEPS), STEPS)
+                       for name, (m, K, L) in specs.items()}              # name -> (fn, units)
         if isinstance(draft, Model):            # a draft model drafts every round: R_gamma
             for g in gammas:
                 self.timers[f"round_{g}"] = (round_timer(target, draft, g, step_width, cache_len,
@@ -273,10 +285,12 @@ class PartTimers:
 
 def measure_costs(target, draft, gammas: Sequence[int], widths: Sequence[int], step_width: int,
                   cache_len: int, rounds: int = 20,
-                  sampling: SamplingConfig = SamplingConfig()) -> Costs:
+                  sampling: SamplingConfig = SamplingConfig(),
+                  plain_len: Optional[int] = None) -> Costs:
     """Time every part of the model on this device: steps at input width `step_width` and
     cache length `cache_len`, set-up at every width in `widths`, the loops' own work with
     `sampling`'s static top-k / top-p; interleaved medians. draft: a draft Model, a
-    zero-cost draft (no model: c = 0, its work timed in the loop) or a Fallback of the two."""
+    zero-cost draft (no model: c = 0, its work timed in the loop) or a Fallback of the two.
+    plain_len: the plain decode's cache length, where its one-token step is timed too."""
     return PartTimers(target, draft, gammas, widths, step_width, cache_len,
-                      sampling).measure(rounds)
+                      sampling, plain_len).measure(rounds)
