@@ -1,6 +1,9 @@
 """Small configs and reference-model builders shared by the tests."""
 import json
 import os
+import socket
+import subprocess
+import sys
 
 import numpy as np
 
@@ -127,3 +130,26 @@ def train_sentencepiece(directory, vocab_size=48):
         pad_id=0, eos_id=1, unk_id=2, bos_id=-1, hard_vocab_limit=False,
         minloglevel=2)
     return prefix + ".model"
+
+
+def run_processes(args, n=2, devices=4, timeout=600):
+    """`speculative-t5 ARGS` as n processes on localhost joined by JAX's distributed runtime
+    (CPU backend, `devices` devices each); returns each process's (stdout, stderr) after
+    checking every one exited 0."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, SPECULATIVE_T5_COMPILE_CACHE="off",
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "speculative_t5.commands", "--coordinator_address",
+         f"127.0.0.1:{port}", "--num_processes", str(n), "--process_id", str(i), *args],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(n)]
+    try:
+        outs = [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    return outs

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import speculative_t5 as st
-from helpers import tiny_config, train_sentencepiece
+from helpers import run_processes, tiny_config, train_sentencepiece
 from speculative_t5 import commands as cli, training  # noqa: F401 (training: gin configurables)
 from speculative_t5.experiments import drivers as paper
 from speculative_t5.data import tasks
@@ -223,6 +223,41 @@ def test_killed_run_resumes_without_gaps_or_repeats(tmp_path, pair, spm, monkeyp
         assert recs[:len(first[c])] == first[c]  # what was done is kept, not redone
     assert [r["examples"] for r in rows] == [3, 3]
     assert rows[0]["identical_fraction"] == 1.0 and rows[1]["identical_fraction"] is None
+
+
+def test_two_processes_run_a_driver_like_one_and_resume(tmp_path, spm):
+    """A driver as two processes on localhost (2 CPU devices each, the target partitioned
+    2 ways: mesh 2 x 2 over both): every decode is one program over both processes'
+    devices, process 0 alone writes the run directory, and its records equal a one-process
+    run's (alpha_table, sampled, batches of 4 rows spread over 'data'); killed mid-cell,
+    the two resume from process 0's files (the other process is sent them) with nothing
+    lost or repeated. Every driver runs its cells through the same `run_grid`."""
+    cfg = tiny_config(vocab_size=64, num_heads=2, mlp_dim=40)  # divisible by 'model'
+    pair = {"target": str(tmp_path / "target"), "draft": str(tmp_path / "draft")}
+    st.save_checkpoint(st.init_model(cfg, 0), pair["target"])
+    st.save_checkpoint(st.init_model(cfg.replace(num_decoder_layers=1), 5), pair["draft"])
+    cell = _cell_file(tmp_path, pair, spm, "b_t1", "speculative_sampling")
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    paper.run("alpha_table", [cell], one, bindings=["alpha_cell.batch_size = 4"], quiet=True)
+    args = ["alpha_table", "--cell", cell, "--output_dir", two,
+            "--gin.Partitioner.num_partitions=2", "--gin.alpha_cell.batch_size=4"]
+    outs = run_processes(args, devices=2)
+    assert "b_t1" in outs[0][1] and "b_t1" not in outs[1][1]  # only the coordinator reports
+    path = os.path.join(two, "b_t1", "examples.jsonl")
+    whole = open(path).read()
+    a, b = _records(os.path.join(one, "b_t1", "examples.jsonl")), _records(path)
+    assert [(r["id"], r["output"], r["positions"]) for r in a] == \
+        [(r["id"], r["output"], r["positions"]) for r in b]
+    assert [r["overlap_sum"] for r in a] == pytest.approx([r["overlap_sum"] for r in b], 1e-5)
+    assert len(b) == 3 and len({r["output"] for r in b}) > 1  # sampled: rows differ
+    assert "num_partitions = 2" in open(os.path.join(two, "b_t1", "config.gin")).read()
+    # killed while writing the 2nd record: the two resume from process 0's files
+    lines = whole.splitlines(keepends=True)
+    open(path, "w").write(lines[0] + lines[1][:25])
+    os.remove(os.path.join(two, "summary.csv"))
+    run_processes(args, devices=2)
+    assert open(path).read() == whole
+    assert open(os.path.join(two, "summary.csv")).read().count("b_t1") == 1
 
 
 def test_alpha_table_two_cells(tmp_path, pair, spm):

@@ -9,14 +9,13 @@ multi-process test runs `decode` as two processes on localhost (JAX's distribute
 4 CPU devices each) and compares the output with a one-process run."""
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
 import speculative_t5 as st
-from helpers import tiny_config, train_sentencepiece
+from helpers import run_processes, tiny_config, train_sentencepiece
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -88,12 +87,6 @@ def test_partitioner_options_are_checked():
 
 
 # multi-process -------------------------------------------------------------------------
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     d = tmp_path_factory.mktemp("multihost")
@@ -118,22 +111,7 @@ def _decode_args(pair, output):
 
 
 def _two_processes(pair, output):
-    port = _port()
-    env = dict(os.environ, SPECULATIVE_T5_COMPILE_CACHE="off",
-               XLA_FLAGS="--xla_force_host_platform_device_count=4")
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "speculative_t5.commands", "--coordinator_address",
-         f"127.0.0.1:{port}", "--num_processes", "2", "--process_id", str(i),
-         *_decode_args(pair, output)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True) for i in range(2)]
-    try:
-        outs = [p.communicate(timeout=600) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    for p, (_, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-3000:]
-    return outs
+    return run_processes(_decode_args(pair, output))
 
 
 def _summary(stdout):

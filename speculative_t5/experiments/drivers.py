@@ -20,6 +20,8 @@ def run(kind: str, cells: Sequence[str], output_dir: str, gin_files: Sequence[st
     if kind not in DRIVERS:
         raise ValueError(f"unknown driver {kind!r}; known: {', '.join(DRIVERS)}")
     cell_fn, finish = DRIVERS[kind]
+    import jax
+    quiet = quiet or jax.process_index() > 0  # several processes: the coordinator reports
     return run_grid(kind, cells, output_dir, lambda cell, rd: cell_fn(cell, rd, quiet=quiet),
                     finish, gin_files, bindings, search_paths)
 

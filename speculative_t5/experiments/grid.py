@@ -9,7 +9,9 @@ Layout of a run directory:
   <output_dir>/config.gin              every cell's config, one after another
   <output_dir>/environment.json, *.png
 A run that is stopped and started again with the same command skips the examples already
-in each cell's JSONL; a cell whose config changed is refused, not silently mixed.
+in each cell's JSONL; a cell whose config changed is refused, not silently mixed. Several
+processes (`--multiprocess`, `--coordinator_address ...`) run every cell together, each
+decode one program over all their devices; process 0 writes the run directory.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import gin
 from speculative_t5.experiments import timed
 from speculative_t5.experiments.cells import Cell, build_cell
 from speculative_t5.experiments.ginconfig import parse_gin
-from speculative_t5.experiments.rundir import RunDir
+from speculative_t5.experiments.rundir import RunDir, coordinated_dir
 
 RUN_BLOCKS = {"alpha_table": "runs/alpha.gin", "walltime_table": "runs/walltime.gin",
               "gamma_sweep": "runs/gamma_sweep.gin"}
@@ -44,6 +46,7 @@ def run_grid(kind: str, cell_files: Sequence[str], output_dir: str,
     names = [cell_name(f) for f in cell_files]
     if len(set(names)) != len(names):
         raise ValueError(f"two cells share a name: {sorted(n for n in names if names.count(n) > 1)}")
+    output_dir = coordinated_dir(output_dir)  # several processes: process 0 writes
     top = RunDir(output_dir)
     timed.forget_costs()
     rows, configs = [], []

@@ -5,11 +5,18 @@ summary as CSV and markdown, the gin config used, and the software/device enviro
 The paper drivers write through this."""
 from __future__ import annotations
 
+import atexit
 import csv
+import io
 import json
 import os
 import platform
+import shutil
+import tarfile
+import tempfile
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 
 def fingerprint(path: str) -> Optional[str]:
@@ -136,6 +143,38 @@ class JsonlLog:
         if self._header is not None:
             lines = lines[1:]
         return [json.loads(line) for line in lines if line.strip()]
+
+
+def coordinated_dir(path: str) -> str:
+    """Where this process writes a run directory that several processes fill in lock-step
+    (one program over every process's devices, outputs gathered to all): process 0, the
+    coordinator, writes `path` itself; every other process gets a private scratch copy of
+    what `path` held when the run started (sent from the coordinator, so hosts need not
+    share a disk). Every process then resumes from the same state and takes the same
+    branches; the copies are thrown away at exit. One process: `path`."""
+    import jax
+    if jax.process_count() == 1:
+        return path
+    from jax.experimental import multihost_utils
+    data = b""
+    if jax.process_index() == 0 and os.path.isdir(path):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            tar.add(path, arcname=".")
+        data = buf.getvalue()
+    size = int(multihost_utils.broadcast_one_to_all(np.int64(len(data))))
+    payload = np.frombuffer(data, np.uint8) if data else np.zeros(size, np.uint8)
+    payload = np.asarray(multihost_utils.broadcast_one_to_all(payload)) if size else payload
+    if jax.process_index() == 0:
+        return path
+    scratch = tempfile.mkdtemp(prefix=f"speculative_t5_process{jax.process_index()}_")
+    atexit.register(shutil.rmtree, scratch, True)
+    copy = os.path.join(scratch, os.path.basename(os.path.abspath(path)))
+    os.makedirs(copy)
+    if size:
+        with tarfile.open(fileobj=io.BytesIO(payload.tobytes()), mode="r") as tar:
+            tar.extractall(copy, filter="data")
+    return copy
 
 
 class RunDir:
