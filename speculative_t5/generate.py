@@ -61,9 +61,8 @@ def _generate(target: Model, draft: Any, input_ids, rng, temperature, lengths=No
     if draft is None:
         return plain_decode(step_fn(target), setup(target, input_ids, max_decode_len), B, max_decode_len,
                             eos, sampling, rng, start)
-    # The verify pass writes up to position m + gamma <= max_decode_len + gamma - 1.
-    prompt = input_ids.shape[1] if target.decoder_only else 0   # a GPT-2's cache holds it too
-    length = cache_positions(prompt + max_decode_len + gamma + 1) - prompt
+    length = cache_positions(max_decode_len, gamma,
+                             input_ids.shape[1] if target.decoder_only else 0)
 
     def build(d, catch_up: bool):  # Models as the loops' drafts: step functions and caches
         if isinstance(d, Model):
@@ -80,12 +79,15 @@ def _generate(target: Model, draft: Any, input_ids, rng, temperature, lengths=No
 CACHE_MULTIPLE = 16
 
 
-def cache_positions(n: int) -> int:
-    """The positions a speculative decode's caches hold for n needed: n rounded up to a
-    multiple of 16. XLA's CPU kernels ran steps over an odd cache length slower (demo pair,
+def cache_positions(max_decode_len: int, gamma: int, prompt: int = 0) -> int:
+    """The positions a speculative decode's caches hold beyond a prompt of `prompt` tokens
+    (a GPT-2's cache holds its prompt too; a T5's holds none): the verify pass writes up to
+    position max_decode_len + gamma, and the whole cache is rounded up to a multiple of 16.
+    XLA's CPU kernels ran steps over an odd cache length slower (demo pair,
     `experiments/bench_cache_length.py`: the target's one-token step at batch 32 over 69
     positions 8.85-9.36 ms, over 80 8.20-8.66 ms; at batch 1 and 8 within noise)."""
-    return -(-n // CACHE_MULTIPLE) * CACHE_MULTIPLE
+    n = prompt + max_decode_len + gamma + 1
+    return -(-n // CACHE_MULTIPLE) * CACHE_MULTIPLE - prompt
 
 
 def check_int(name: str, value, lo: int) -> int:
@@ -189,7 +191,8 @@ def decode_bytes(target: Model, draft: Optional[Model], batch: int, input_len: i
     """Bytes a decode allocates besides the weights (an estimate, from above): per model the
     encoder output and its attention scores, the cross-attention keys/values and the
     self-attention cache; the token buffer; the target's and draft's distributions a round."""
-    length = cache_positions(max_decode_len + gamma + 1) if draft is not None else max_decode_len
+    length = max_decode_len if draft is None else cache_positions(
+        max_decode_len, gamma, input_len if target.decoder_only else 0)
 
     def model_bytes(m: Model) -> int:
         c = m.config
@@ -375,7 +378,8 @@ def gamma_costs(model: Model, draft, input_ids, gamma: int = 4, max_decode_len: 
     draft models' one-token steps (timed in compiled loops; 0 without a draft model) over
     P, v = R / P - gamma c. So the loop's own work (sampling, the accept test,
     which grow with the batch) is in v, where bare step times would leave it out. Once per
-    process for each pair, input shape and setting."""
+    process for each pair, input shape and setting; several processes in lock-step all
+    take process 0's figures (each choosing its own would split the program)."""
     ids = np.asarray(input_ids)
     key = (id(model.params), id(draft.params) if isinstance(draft, Model) else id(draft),
            ids.shape, gamma, max_decode_len, sampling, partitioner)
@@ -397,11 +401,16 @@ def gamma_costs(model: Model, draft, input_ids, gamma: int = 4, max_decode_len: 
     c = 0.0
     drafts = draft_models(draft)
     if drafts:
-        B, W, L = ids.shape[0], ids.shape[1], cache_positions(max_decode_len + gamma + 1)
+        B, W = ids.shape
+        L = cache_positions(max_decode_len, gamma, W if model.decoder_only else 0)
         t = step_times({f"draft_{i}": (d, 1) for i, d in enumerate(drafts)},
                        B, W, L, L // 2, rounds=5, steps=8, warmup=1)
         c = sum(t.values()) / per_plain
-    _MEASURED[key] = GammaCosts(c, max(per_round / per_plain - gamma * c, 0.0))
+    costs = np.array([c, max(per_round / per_plain - gamma * c, 0.0)])
+    if jax.process_count() > 1:  # lock-step processes must choose the same gammas
+        from jax.experimental import multihost_utils
+        costs = np.asarray(multihost_utils.broadcast_one_to_all(costs))
+    _MEASURED[key] = GammaCosts(*map(float, costs))
     return _MEASURED[key]
 
 

@@ -51,7 +51,7 @@ def cell_costs(run: RunDir, cell: Cell, target, draft, gammas: Sequence[int],
     # (`cache_positions`: max_decode_len + gamma + 1 rounded up to a multiple of 16); cells
     # with nearby lengths (the demo's walltime cells and its gamma sweep) share it, and so
     # the timers' compiled programs
-    cache_len = cache_positions(cell.max_decode_len + max(gammas) + 1)
+    cache_len = cache_positions(cell.max_decode_len, max(gammas))
     key = (cell.target, cell.draft, cell.dtype, tuple(gammas), tuple(sorted(set(widths))),
            widths[len(widths) // 2], cache_len,
            cell.sampling,  # the loop's own work: sampling costs more than argmax

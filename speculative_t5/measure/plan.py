@@ -328,7 +328,7 @@ def plan(target_config: ModelConfig, draft_config: Optional[ModelConfig] = None,
         _check_divisible(draft_config, "draft", num_partitions)
 
     prompt = input_length if isinstance(target_config, GPT2Config) else 0
-    length = (cache_positions(prompt + max_decode_len + gamma + 1) - prompt
+    length = (cache_positions(max_decode_len, gamma, prompt)
               if draft_config is not None else max_decode_len)
     for config in (target_config, draft_config):
         if isinstance(config, GPT2Config) and input_length + max_decode_len > config.n_positions:
