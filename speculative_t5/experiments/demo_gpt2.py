@@ -23,7 +23,7 @@ from speculative_t5.decoding import SamplingConfig
 from speculative_t5.decoding.output import combine, ratio
 from speculative_t5.experiments import plots
 from speculative_t5.experiments.timed import predicted_seconds
-from speculative_t5.generate import check_pair
+from speculative_t5.generate import cache_positions, check_pair
 from speculative_t5.measure.alpha import alpha_of, overlap_sums
 from speculative_t5.measure.analysis import predictions
 from speculative_t5.measure.costs import measure_costs
@@ -109,8 +109,10 @@ def demo_gpt2(output_dir: str, examples: Sequence[Dict[str, str]], target: str, 
     keep = min(max_prompt_tokens, target_model.config.n_positions - max_new_tokens)
     prompts = [vocab.encode(e["prompt"])[-keep:] for e in examples]  # the latest context
     widths = sorted({-(-len(p) // WIDTH) * WIDTH for p in prompts})
-    cache_len = max(widths) + max_new_tokens + gamma + 1
-    costs = measure_costs(target_model, draft_model, [gamma], widths, widths[len(widths) // 2],
+    step_width = widths[len(widths) // 2]
+    # the positions beyond the prompt that `generate` gives a decode at the steps' width
+    cache_len = cache_positions(max_new_tokens, gamma, step_width)
+    costs = measure_costs(target_model, draft_model, [gamma], widths, step_width,
                           cache_len, timing_rounds, plain_len=max_new_tokens)
     settings = {"greedy": SamplingConfig(0.0), "sampled": SamplingConfig(float(temperature))}
     summary, runs = {}, {}
