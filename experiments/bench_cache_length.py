@@ -4,10 +4,10 @@
 
 The shipped demo pair: the target's one-token step and its 5-token verify pass (gamma 4),
 and the draft's one-token step, each as 16 steps in one compiled loop (`step_timer`, input
-width 64, steps at position 20), timed in turn, medians of 9 rounds. A speculative decode
-needs max_decode_len + gamma + 1 positions (69 for the demo's 64 + 4 + 1); `generate`
-rounds that up to a multiple of 16 (`cache_positions`), since odd lengths ran slower here.
-Prints milliseconds per step.
+width 64, steps at position 20), timed in turn, medians of 9 rounds. `generate` gives a
+decode max_decode_len positions rounded up to a multiple of 16 (`cache_positions`), since
+odd lengths ran slower here; until 2026-12-02 a speculative decode's held max_decode_len +
+gamma + 1 (69 for the demo's 64 + 4 + 1, rounded to 80). Prints milliseconds per step.
 """
 import argparse
 

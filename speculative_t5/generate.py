@@ -61,8 +61,7 @@ def _generate(target: Model, draft: Any, input_ids, rng, temperature, lengths=No
     if draft is None:
         return plain_decode(step_fn(target), setup(target, input_ids, max_decode_len), B, max_decode_len,
                             eos, sampling, rng, start)
-    length = cache_positions(max_decode_len, gamma,
-                             input_ids.shape[1] if target.decoder_only else 0)
+    length = cache_positions(max_decode_len, input_ids.shape[1] if target.decoder_only else 0)
 
     def build(d, catch_up: bool):  # Models as the loops' drafts: step functions and caches
         if isinstance(d, Model):
@@ -79,14 +78,20 @@ def _generate(target: Model, draft: Any, input_ids, rng, temperature, lengths=No
 CACHE_MULTIPLE = 16
 
 
-def cache_positions(max_decode_len: int, gamma: int, prompt: int = 0) -> int:
+def cache_positions(max_decode_len: int, prompt: int = 0) -> int:
     """The positions a speculative decode's caches hold beyond a prompt of `prompt` tokens
-    (a GPT-2's cache holds its prompt too; a T5's holds none): the verify pass writes up to
-    position max_decode_len + gamma, and the whole cache is rounded up to a multiple of 16.
-    XLA's CPU kernels ran steps over an odd cache length slower (demo pair,
-    `experiments/bench_cache_length.py`: the target's one-token step at batch 32 over 69
-    positions 8.85-9.36 ms, over 80 8.20-8.66 ms; at batch 1 and 8 within noise)."""
-    n = prompt + max_decode_len + gamma + 1
+    (a GPT-2's cache holds its prompt too; a T5's holds none): max_decode_len, the whole
+    cache rounded up to a multiple of 16 -- as many as a plain decode needs, whatever gamma.
+    A round near the end feeds tokens past the last position; their cache writes are
+    dropped (the models write with mode="drop"), and no token that is emitted depends on
+    them: the last one, y_max_decode_len, is read off the query at max_decode_len - 1,
+    which sees keys up to its own position only. Positions for the verify pass's overhang
+    (max_decode_len + gamma + 1) made every step attend over more keys: at batch 64 a
+    round that drafts nothing cost 0.92-0.94 of a plain step. XLA's CPU kernels ran steps
+    over an odd cache length slower (demo pair, `experiments/bench_cache_length.py`: the
+    target's one-token step at batch 32 over 69 positions 8.85-9.36 ms, over 80 8.20-8.66
+    ms; at batch 1 and 8 within noise), hence the rounding."""
+    n = prompt + max_decode_len
     return -(-n // CACHE_MULTIPLE) * CACHE_MULTIPLE - prompt
 
 
@@ -192,7 +197,7 @@ def decode_bytes(target: Model, draft: Optional[Model], batch: int, input_len: i
     encoder output and its attention scores, the cross-attention keys/values and the
     self-attention cache; the token buffer; the target's and draft's distributions a round."""
     length = max_decode_len if draft is None else cache_positions(
-        max_decode_len, gamma, input_len if target.decoder_only else 0)
+        max_decode_len, input_len if target.decoder_only else 0)
 
     def model_bytes(m: Model) -> int:
         c = m.config
@@ -402,7 +407,7 @@ def gamma_costs(model: Model, draft, input_ids, gamma: int = 4, max_decode_len: 
     drafts = draft_models(draft)
     if drafts:
         B, W = ids.shape
-        L = cache_positions(max_decode_len, gamma, W if model.decoder_only else 0)
+        L = cache_positions(max_decode_len, W if model.decoder_only else 0)
         t = step_times({f"draft_{i}": (d, 1) for i, d in enumerate(drafts)},
                        B, W, L, L // 2, rounds=5, steps=8, warmup=1)
         c = sum(t.values()) / per_plain

@@ -172,3 +172,30 @@ if __name__ == "__main__":  # print the p-values and acceptance rates behind the
     out = _sample(models, SETTINGS["T=1"], lenience=0.2)
     print("lenience 0.2 p =", chi_square_pvalue(out.tokens, exact_distribution(models[0], SETTINGS["T=1"])),
           file=sys.stderr)
+
+
+@pytest.mark.parametrize("verification", ["token", "block"])
+def test_caches_that_end_at_max_decode_len_stay_exact(pair, verification):
+    """The loops straight over caches of exactly max_decode_len (STEPS) positions, without
+    `generate`'s rounding to 16: every round after the first feeds tokens past the caches'
+    end (their writes dropped, queries there reading stale keys), and the first STEPS
+    tokens still follow the target's distribution exactly, T = 1."""
+    from speculative_t5.decoding.drafts import ModelDraft
+    from speculative_t5.decoding.loops import speculative_decode
+    from speculative_t5.generate import step_fn
+    from speculative_t5.model.api import init_cache
+    target, draft = pair
+    sampling = SETTINGS["T=1"]
+
+    @jax.jit
+    def run(ids, keys):
+        d = ModelDraft(step_fn(draft), lambda x, length: init_cache(draft, x, length))
+        return speculative_decode(step_fn(target), init_cache(target, ids, STEPS), d,
+                                  d.init(ids, STEPS), N, STEPS, EOS, 2, sampling, keys,
+                                  verification=verification)
+    tokens, lengths, stats = run(jnp.asarray(np.repeat(INPUT, N, 0)),
+                                 jax.random.split(jax.random.PRNGKey(11), N))
+    calls = np.asarray(stats["target_calls"])
+    assert (calls >= 2).mean() > 0.3          # many rows drafted past the end in a round
+    pvalue, cells = chi_square_pvalue(np.asarray(tokens), exact_distribution(target, sampling))
+    assert cells >= 20 and pvalue > 1e-3, (verification, pvalue)

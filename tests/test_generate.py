@@ -7,7 +7,7 @@ import pytest
 
 import speculative_t5 as st
 from helpers import random_ids, tiny_config
-from speculative_t5.generate import _generate
+from speculative_t5.generate import _generate, cache_positions
 
 MAX_LEN = 23  # not a multiple of gamma + 1 for any gamma tested
 
@@ -107,6 +107,38 @@ def test_eos_inside_draft_window(target, inputs, plain, gamma):
     # some row stopped strictly inside a round (not at a round boundary)
     assert any(L % (gamma + 1) for L in out.lengths[stopped])
     _check_stats(out, gamma)
+
+
+@pytest.mark.parametrize("gamma", [3, 7])
+def test_rounds_past_the_caches_end_change_no_token(target, drafts, inputs, gamma):
+    """A speculative decode's caches end at max_decode_len (`cache_positions`: here exactly
+    16 and 32 positions), so a round near the end feeds up to gamma tokens past them, whose
+    writes are dropped. Greedy: plain greedy's tokens, for every draft kind, block
+    verification and adaptive gamma. T = 1, token-wise: each row's tokens are those of a
+    decode one token longer (caches of 32 positions: nothing dropped) from the same row
+    keys, cut at max_decode_len."""
+    lookup = st.drafts.PromptLookup(2)
+    runs = {"model": dict(draft=drafts["perturbed"]),
+            "block": dict(draft=drafts["perturbed"], verification="block"),
+            "fallback, adaptive": dict(draft=st.drafts.Fallback(lookup, drafts["random"]),
+                                       adaptive_gamma=(0.1, 1.5)),
+            "same": dict(draft=drafts["same"])}
+    for max_len in (16, 32):
+        assert cache_positions(max_len) == max_len
+        plain = st.generate(target, inputs, max_decode_len=max_len)
+        assert (plain.lengths == max_len).sum() >= 4                # rows that run to the end
+        for name, kw in runs.items():
+            out = st.generate(target, inputs, gamma=gamma, max_decode_len=max_len, **kw)
+            np.testing.assert_array_equal(out.tokens, plain.tokens, err_msg=name)
+            np.testing.assert_array_equal(out.lengths, plain.lengths, err_msg=name)
+    keys = jax.random.split(jax.random.PRNGKey(1), inputs.shape[0])
+    for name in ("model", "fallback, adaptive"):
+        kw = dict(runs[name], gamma=gamma, temperature=1.0, rng=keys)
+        short = st.generate(target, inputs, max_decode_len=16, **kw)
+        longer = st.generate(target, inputs, max_decode_len=17, **kw)
+        np.testing.assert_array_equal(short.tokens, longer.tokens[:, :16], err_msg=name)
+        np.testing.assert_array_equal(short.lengths, np.minimum(longer.lengths, 16))
+        assert (short.lengths == 16).sum() >= 4 and (short.tokens != plain.tokens[:, :16]).any()
 
 
 def test_plain_stats_and_t5x_faithful_baseline(target, inputs, plain):

@@ -128,9 +128,10 @@ class ModelDraft(NamedTuple):
                 sampling: SamplingConfig, keys: Array, limit=None) -> Proposal:
         """Catch the cache up to y_m, then gamma serial draft steps; step i samples x_i from
         q_i = adjust(logits_i)."""
-        greedy, batch, N = sampling.greedy, seq.shape[0], seq.shape[1]
+        greedy, batch = sampling.greedy, seq.shape[0]
+        N = min(seq.shape[1], state.fed.shape[1])  # the cache may end before the buffer
         j = jnp.arange(N)[None, :]
-        same = (state.fed[:, :N] == seq) & (j <= m[:, None])                   # [B, N]
+        same = (state.fed[:, :N] == seq[:, :N]) & (j <= m[:, None])            # [B, N]
         valid = jnp.minimum(jnp.sum(jnp.cumprod(same, axis=1), axis=1), m)     # [B] <= m
         behind = jnp.where(active, m - valid + 1, 1)                           # [B] >= 1
         one = lambda s: self._feed(s, seq, m, valid, 1)                        # noqa: E731

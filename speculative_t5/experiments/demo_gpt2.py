@@ -111,7 +111,7 @@ def demo_gpt2(output_dir: str, examples: Sequence[Dict[str, str]], target: str, 
     widths = sorted({-(-len(p) // WIDTH) * WIDTH for p in prompts})
     step_width = widths[len(widths) // 2]
     # the positions beyond the prompt that `generate` gives a decode at the steps' width
-    cache_len = cache_positions(max_new_tokens, gamma, step_width)
+    cache_len = cache_positions(max_new_tokens, step_width)
     costs = measure_costs(target_model, draft_model, [gamma], widths, step_width,
                           cache_len, timing_rounds, plain_len=max_new_tokens)
     settings = {"greedy": SamplingConfig(0.0), "sampled": SamplingConfig(float(temperature))}

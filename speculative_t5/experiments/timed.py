@@ -47,11 +47,10 @@ def cell_costs(run: RunDir, cell: Cell, target, draft, gammas: Sequence[int],
     timers (`timed_examples` times every part again beside each example). Kept in
     timing.json, so a resumed run keeps the costs it started with."""
     widths = sorted(cell.width(e) for e in examples)
-    # the decodes' cache length at the largest gamma, as `generate` allocates it
-    # (`cache_positions`: max_decode_len + gamma + 1 rounded up to a multiple of 16); cells
-    # with nearby lengths (the demo's walltime cells and its gamma sweep) share it, and so
-    # the timers' compiled programs
-    cache_len = cache_positions(cell.max_decode_len, max(gammas))
+    # the speculative decodes' cache length, as `generate` allocates it (`cache_positions`:
+    # max_decode_len rounded up to a multiple of 16); cells with nearby lengths share it,
+    # and so the timers' compiled programs
+    cache_len = cache_positions(cell.max_decode_len)
     key = (cell.target, cell.draft, cell.dtype, tuple(gammas), tuple(sorted(set(widths))),
            widths[len(widths) // 2], cache_len,
            cell.sampling,  # the loop's own work: sampling costs more than argmax

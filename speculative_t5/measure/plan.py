@@ -300,9 +300,9 @@ def plan(target_config: ModelConfig, draft_config: Optional[ModelConfig] = None,
          rules: Rules = STANDARD_RULES) -> Dict[str, Any]:
     """Bytes per device (parameters, caches, largest activations), whether they fit each
     chip in `CHIPS`, and HBM roofline times per step and per speculative round. Nothing is
-    allocated. Caches hold max_decode_len + gamma + 1 positions with a draft, rounded up to
-    a multiple of 16 (a GPT-2's with its prompt's input_length), as `generate` sizes them
-    (`cache_positions`), max_decode_len without. A
+    allocated. Caches hold max_decode_len positions, with a draft rounded up to a multiple
+    of 16 (a GPT-2's with its prompt's input_length), as `generate` sizes them
+    (`cache_positions`). A
     replicated draft's cache is split over 'data' only, as `generate` places it. A batch
     that 'data' does not divide is padded up, as `generate` pads it (copies of the last
     row). Target and draft are one family (a GPT-2 target, a GPT-2 draft)."""
@@ -328,7 +328,7 @@ def plan(target_config: ModelConfig, draft_config: Optional[ModelConfig] = None,
         _check_divisible(draft_config, "draft", num_partitions)
 
     prompt = input_length if isinstance(target_config, GPT2Config) else 0
-    length = (cache_positions(max_decode_len, gamma, prompt)
+    length = (cache_positions(max_decode_len, prompt)
               if draft_config is not None else max_decode_len)
     for config in (target_config, draft_config):
         if isinstance(config, GPT2Config) and input_length + max_decode_len > config.n_positions:
