@@ -101,13 +101,18 @@ def _exact(model, sampling):
     return tx.enumerate_distribution(probs, model.config.eos_id)
 
 
-@pytest.mark.parametrize("kind", ["model", "fallback", "model, top-k 3"])
+@pytest.mark.parametrize("kind", ["model", "fallback", "model, top-k 3",
+                                  "block, prompt + max_decode_len = n_positions"])
 def test_speculative_sampling_is_exact(kind):
-    target, draft = st.init_model(SMALL, seed=0), st.init_model(SMALL, seed=1)
+    """T = 1 against enumeration. The last kind ends at the model's position limit, so the
+    rounds near the end feed tokens at positions past it (their outputs unused)."""
+    config = SMALL.replace(n_positions=PROMPT.shape[1] + STEPS) if "n_positions" in kind else SMALL
+    target, draft = st.init_model(config, seed=0), st.init_model(config, seed=1)
     d = st.drafts.Fallback(st.drafts.PromptLookup(1, 1), draft) if kind == "fallback" else draft
     sampling = st.SamplingConfig(1.0, top_k=3 if "top-k" in kind else 0)
     out = st.generate(target, np.repeat(PROMPT, N, 0), draft=d, gamma=2, max_decode_len=STEPS,
-                      sampling=sampling, rng=jax.random.PRNGKey(0))
+                      sampling=sampling, rng=jax.random.PRNGKey(0),
+                      verification="block" if "block" in kind else "token")
     assert 0.1 < out.summary()["acceptance_rate"] < 0.95
     pvalue, cells = tx.chi_square_pvalue(out.tokens, _exact(target, sampling))
     assert cells >= 20 and pvalue > 1e-3, (kind, pvalue, cells)
@@ -133,3 +138,22 @@ def test_errors(pair):
                     recompute_cross_attention=True)
     with pytest.raises(ValueError, match="prompt_lengths is for decoder-only"):
         st.generate(t5, prompts, prompt_lengths=lengths)
+
+
+def test_speculative_greedy_up_to_the_position_limit(pair):
+    """prompt width + max_decode_len = n_positions (29, the cache rounded up to 32): rounds
+    near the end feed tokens at positions past the model's last one, and no NaN from
+    there reaches the tokens -- greedy equals plain for the model draft, token-wise and
+    block-verified, at gamma 7."""
+    target, draft, prompts, lengths = pair
+    n = prompts.shape[1] + MAX_LEN
+
+    def limited(m):
+        return st.Model(m.config.replace(n_positions=n), {**m.params, "wpe": m.params["wpe"][:n]})
+    target, draft = limited(target), limited(draft)
+    plain = st.generate(target, prompts, prompt_lengths=lengths, max_decode_len=MAX_LEN)
+    assert (plain.lengths == MAX_LEN).sum() >= 2 and not np.isnan(plain.tokens).any()
+    for verification in ("token", "block"):
+        out = st.generate(target, prompts, prompt_lengths=lengths, max_decode_len=MAX_LEN,
+                          draft=draft, gamma=7, verification=verification)
+        np.testing.assert_array_equal(out.tokens, plain.tokens, err_msg=verification)
