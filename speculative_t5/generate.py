@@ -87,7 +87,8 @@ def cache_positions(max_decode_len: int, prompt: int = 0) -> int:
     them: the last one, y_max_decode_len, is read off the query at max_decode_len - 1,
     which sees keys up to its own position only. Positions for the verify pass's overhang
     (max_decode_len + gamma + 1) made every step attend over more keys: at batch 64 a
-    round that drafts nothing cost 0.92-0.94 of a plain step. XLA's CPU kernels ran steps
+    round that drafts nothing ran 0.91x a plain step, now 1.02x
+    (`experiments/bench_adaptive.py`, never drafting). XLA's CPU kernels ran steps
     over an odd cache length slower (demo pair, `experiments/bench_cache_length.py`: the
     target's one-token step at batch 32 over 69 positions 8.85-9.36 ms, over 80 8.20-8.66
     ms; at batch 1 and 8 within noise), hence the rounding."""

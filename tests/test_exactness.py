@@ -162,18 +162,6 @@ def test_adjust_top_k_top_p_and_greedy():
     np.testing.assert_allclose(t, np.array([[.01, .16, .04, .09]]) / .30, atol=1e-6)
 
 
-if __name__ == "__main__":  # print the p-values and acceptance rates behind the asserts
-    import sys
-    models = (st.init_model(_cfg(), seed=0), st.init_model(_cfg(), seed=1))
-    for name, s in SETTINGS.items():
-        out = _sample(models, s)
-        print(name, "p =", chi_square_pvalue(out.tokens, exact_distribution(models[0], s)),
-              "acceptance", round(out.summary()["acceptance_rate"], 3), file=sys.stderr)
-    out = _sample(models, SETTINGS["T=1"], lenience=0.2)
-    print("lenience 0.2 p =", chi_square_pvalue(out.tokens, exact_distribution(models[0], SETTINGS["T=1"])),
-          file=sys.stderr)
-
-
 @pytest.mark.parametrize("verification", ["token", "block"])
 def test_caches_that_end_at_max_decode_len_stay_exact(pair, verification):
     """The loops straight over caches of exactly max_decode_len (STEPS) positions, without
@@ -199,3 +187,16 @@ def test_caches_that_end_at_max_decode_len_stay_exact(pair, verification):
     assert (calls >= 2).mean() > 0.3          # many rows drafted past the end in a round
     pvalue, cells = chi_square_pvalue(np.asarray(tokens), exact_distribution(target, sampling))
     assert cells >= 20 and pvalue > 1e-3, (verification, pvalue)
+
+
+if __name__ == "__main__":  # print the p-values and acceptance rates behind the asserts
+    import sys
+    models = (st.init_model(_cfg(), seed=0), st.init_model(_cfg(), seed=1))
+    for name, s in SETTINGS.items():
+        out = _sample(models, s)
+        print(name, "p =", chi_square_pvalue(out.tokens, exact_distribution(models[0], s)),
+              "acceptance", round(out.summary()["acceptance_rate"], 3), file=sys.stderr)
+    out = _sample(models, SETTINGS["T=1"], lenience=0.2)
+    print("lenience 0.2 p =", chi_square_pvalue(out.tokens, exact_distribution(models[0], SETTINGS["T=1"])),
+          file=sys.stderr)
+

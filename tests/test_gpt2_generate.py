@@ -142,8 +142,8 @@ def test_errors(pair):
 
 def test_speculative_greedy_up_to_the_position_limit(pair):
     """prompt width + max_decode_len = n_positions (29, the cache rounded up to 32): rounds
-    near the end feed tokens at positions past the model's last one, and no NaN from
-    there reaches the tokens -- greedy equals plain for the model draft, token-wise and
+    near the end feed tokens at positions past the model's last one (the model clamps them
+    for its position table) -- greedy equals plain for the model draft, token-wise and
     block-verified, at gamma 7."""
     target, draft, prompts, lengths = pair
     n = prompts.shape[1] + MAX_LEN
@@ -152,7 +152,7 @@ def test_speculative_greedy_up_to_the_position_limit(pair):
         return st.Model(m.config.replace(n_positions=n), {**m.params, "wpe": m.params["wpe"][:n]})
     target, draft = limited(target), limited(draft)
     plain = st.generate(target, prompts, prompt_lengths=lengths, max_decode_len=MAX_LEN)
-    assert (plain.lengths == MAX_LEN).sum() >= 2 and not np.isnan(plain.tokens).any()
+    assert (plain.lengths == MAX_LEN).sum() >= 2           # rows that run to the end
     for verification in ("token", "block"):
         out = st.generate(target, prompts, prompt_lengths=lengths, max_decode_len=MAX_LEN,
                           draft=draft, gamma=7, verification=verification)
