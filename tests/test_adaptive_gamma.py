@@ -15,7 +15,8 @@ import speculative_t5 as st
 import test_drafts as td
 import test_exactness as tx
 import test_generate as tg
-from speculative_t5.decoding.loops import choose_gamma, running_alpha
+from speculative_t5.decoding import loops
+from speculative_t5.decoding.loops import adaptive_widths, choose_gamma, running_alpha
 
 # c, v that give, on the V=8 pair at this seed, plain rounds and drafting rounds in one
 # decode (token-wise: 0, 1 and 3 drafts; block: 0 and 2)
@@ -31,6 +32,15 @@ def test_choose_gamma_follows_eq_5():
     assert pick(0.6, 0.3, 1.2) == 2
     assert pick(0.3, 0.1, 2.0) == 0          # speculation cannot pay for a 2x verify pass
     assert pick(0.99, 0.0, 1.0, gamma=7) == 7
+    # narrower rounds verify fewer tokens: width w costs 1 + (v - 1) w / gamma. alpha 0.7,
+    # c 0.05, v 3, gamma 8, widths 1, 2, 4, 8: g=1 1.7 / 1.3 = 1.31, g=2 2.19 / 1.6 = 1.37,
+    # g=3 (width 4) 2.53 / 2.15 = 1.18, g=4 2.77 / 2.2 = 1.26; width 8 alone: g=8 3.2 / 3.4
+    # = 0.94 < 1, a plain step
+    assert adaptive_widths(8) == (1, 2, 4, 8) and adaptive_widths(7) == (1, 3, 7)
+    assert adaptive_widths(1) == (1,)
+    costs = jnp.asarray([0.05, 3.0], jnp.float32)
+    assert int(choose_gamma(jnp.float32(0.7), costs, 8, widths=adaptive_widths(8))) == 2
+    assert int(choose_gamma(jnp.float32(0.7), costs, 8)) == 0
     # rows' own rates shrunk toward the pooled one (prior 3 of 4: 7 / 12) by 4 pseudo-drafts;
     # the least over the active rows: row 0 (4 + 4 * 7/12) / 11, row 1 (0 + 4 * 7/12) / 5
     stats = {"accepted_at": jnp.asarray([[3, 1], [0, 0]]),
@@ -38,6 +48,36 @@ def test_choose_gamma_follows_eq_5():
     rows = [(4 + 4 * 7 / 12) / 11, (4 * 7 / 12) / 5]
     assert float(running_alpha(stats, jnp.asarray([True, True]))) == pytest.approx(rows[1])
     assert float(running_alpha(stats, jnp.asarray([True, False]))) == pytest.approx(rows[0])
+
+
+def _loop_time(alpha, c, v, g, rows, need, reps=1000):
+    """Monte Carlo, independent of choose_gamma: the mean target time (plain steps) until
+    every one of `rows` rows has `need` tokens, a round (cost g c + v; a plain step costs 1)
+    giving each row 1 + min(its accepted drafts ~ Geometric, g)."""
+    if g == 0:
+        return float(need)
+    rng = np.random.default_rng(0)
+    accepted = np.minimum(rng.geometric(1.0 - alpha, size=(reps, rows, need)) - 1, g)  # [N, K, R]
+    rounds = np.argmax(np.cumsum(accepted + 1, axis=2) >= need, axis=2) + 1     # [N, K]
+    return float(rounds.max(1).mean() * (g * c + v))
+
+
+@pytest.mark.parametrize("rows,c,v", [(1, 0.25, 1.3), (8, 0.15, 1.6), (32, 0.1, 2.2),
+                                      (64, 0.08, 2.9)])
+def test_choose_gamma_finishes_a_batch_soonest(rows, c, v):
+    """A batch runs until its slowest row is done: against a simulation of that, the choice
+    for `rows` active rows that need `need` more tokens costs within 3% of the best gamma's
+    time, where eq. (5) for one row (the rule before) lost 1.27x at batch 8, 1.9x at 64."""
+    gamma, worst_one_row = 8, 1.0
+    for alpha in (0.6, 0.77, 0.9):
+        for need in (64, 16):
+            times = [_loop_time(alpha, c, v, g, rows, need) for g in range(gamma + 1)]
+            costs = jnp.asarray([c, v], jnp.float32)
+            batch = int(choose_gamma(jnp.float32(alpha), costs, gamma, rows, need))
+            one_row = int(choose_gamma(jnp.float32(alpha), costs, gamma))
+            assert times[batch] <= 1.03 * min(times), (alpha, need, batch, times)
+            worst_one_row = max(worst_one_row, times[one_row] / min(times))
+    assert worst_one_row > 1.25 if rows > 1 else worst_one_row < 1.03   # one row: eq. (5)
 
 
 @pytest.mark.parametrize("verification", ["token", "block"])
@@ -51,6 +91,47 @@ def test_adaptive_gamma_sampling_is_exact(monkeypatch, verification):
     assert cells >= 20 and pvalue > 1e-3, (verification, pvalue, cells)
     tg._check_stats(out, 3, fixed_model_draft=False)
     assert out.stats["adaptive_costs"] == dict(zip("cv", MIXED[verification]))
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    """Adaptive rounds on a fixed script instead of eq. (5): the round's count from the
+    longest remaining budget (past-only, so still exact), (7 left) mod (gamma + 1) -- over a
+    4-token decode at gamma 3, plain, then 1, 2 and 3 drafts (widths 1, 3, 3): every width
+    and every switch between them, in rows whose budgets differ. At 60k rows eq. (5) for a
+    batch (rightly) never drafts after the first round, so the widths need the script."""
+    def script(alpha, costs, gamma, rows=1, remaining=None, widths=()):
+        return (jnp.asarray(remaining, jnp.int32) * 7) % (gamma + 1)
+    jax.clear_caches()  # programs traced with the real rule must not be reused
+    monkeypatch.setattr(loops, "choose_gamma", script)
+    yield
+    jax.clear_caches()
+
+
+@pytest.mark.parametrize("verification", ["token", "block"])
+def test_rounds_of_every_width_are_exact(scripted, monkeypatch, verification):
+    target, draft = st.init_model(tx._cfg(), seed=0), st.init_model(tx._cfg(), seed=1)
+    out, (pvalue, cells) = td._sample_long(target, draft, tx.INPUT, 4, monkeypatch, gamma=3,
+                                           adaptive_gamma=(0.1, 1.2), verification=verification)
+    hist = out.stats["drafts_per_round_hist"].sum(0)                           # [G+1]
+    assert (hist > 0.02 * hist.sum()).all(), hist      # plain rounds and 1, 2, 3 drafts
+    assert cells >= 20 and pvalue > 1e-3, (verification, pvalue, cells)
+    tg._check_stats(out, 3, fixed_model_draft=False)
+
+
+def test_rounds_of_every_width_greedy_equal_plain(scripted, td_greedy_case):
+    """Greedy through the script at gamma 7 (widths 1, 3, 7) with a fallback whose model
+    draft catches up after plain and lookup rounds at each width."""
+    target, inputs, plain, _ = td_greedy_case
+    draft = st.Model(target.config, jax.tree_util.tree_map(
+        lambda x: x + 0.02 * jax.random.normal(jax.random.PRNGKey(1), x.shape), target.params))
+    for name, d in {"model": draft, "fallback": st.drafts.Fallback(st.drafts.PromptLookup(2, 2), draft)}.items():
+        out = st.generate(target, inputs, draft=d, gamma=7, max_decode_len=td.MAX_LEN,
+                          adaptive_gamma=(0.1, 1.2))
+        np.testing.assert_array_equal(out.tokens, plain.tokens, err_msg=name)
+        tg._check_stats(out, 7, fixed_model_draft=False)
+        hist = out.stats["drafts_per_round_hist"].sum(0)
+        assert hist[0] > 0 and hist[1] > 0 and hist[2:4].sum() > 0 and hist[4:].sum() > 0, hist
 
 
 def test_free_speculation_is_the_fixed_gamma_decode():

@@ -65,16 +65,43 @@ def _plain_step(step: StepFn, s, key: Array, sampling: SamplingConfig, eos_id: i
     return emit(s.seq, s.m, s.done, token[:, None], jnp.ones_like(s.m), eos_id, max_len) + (cache,)
 
 
-def choose_gamma(alpha: Array, costs: Array, gamma: int) -> Array:
-    """The round's gamma in 0..gamma with the most expected tokens per unit of target time
-    by eq. (5): (1 - alpha^(g+1)) / ((1 - alpha)(g c + v)) for g >= 1, 1 for g = 0 (a plain
-    step, cost 1). costs: [c, v] (v for the verify pass over gamma + 1 tokens, the width
-    every speculative round uses)."""
-    g = jnp.arange(gamma + 1, dtype=jnp.float32)
+def adaptive_widths(gamma: int) -> Tuple[int, ...]:
+    """The draft counts an adaptive decode compiles a round for: gamma, gamma // 2, ...,
+    down to 1 (8 -> 1, 2, 4, 8). A round drafting g verifies at the narrowest that holds g."""
+    return tuple(sorted({gamma >> k for k in range(gamma.bit_length())} - {0}))
+
+
+def choose_gamma(alpha: Array, costs: Array, gamma: int, rows: Any = 1,
+                 remaining: Any = None, widths: Tuple[int, ...] = ()) -> Array:
+    """The round's gamma in 0..gamma that finishes the batch soonest per unit of target
+    time. costs: [c, v], v for the verify pass over gamma + 1 tokens; a round of width w
+    (`widths`, default only gamma) verifies w + 1 tokens for 1 + (v - 1) w / gamma, between
+    a plain step's 1 and v; a plain step (g = 0) costs 1 and gives every row 1 token.
+
+    One row (rows = 1) is eq. (5): the most expected tokens per unit of time,
+    (1 - alpha^(g+1)) / ((1 - alpha)(g c + v)). A batch runs until its slowest row is
+    done, so with `rows` active rows that each still need up to `remaining` tokens the
+    batch advances at its unluckiest row's pace: a row's total after n rounds is about
+    n mu_g - z sigma_g sqrt(n) at the expected minimum over the rows (z: the expected
+    maximum of `rows` standard normals, Blom's approximation), i.e. mu_g - z sigma_g
+    sqrt(mu_g / remaining) tokens a round (mu_g, sigma_g: the mean and spread of a round's
+    tokens, 1 + a truncated geometric). At least 1 (every round gives every row a token)
+    and never less than a smaller g's (more drafts accept a superset); ties go to the
+    larger g."""
+    g = jnp.arange(gamma + 1, dtype=jnp.float32)[:, None]                     # [G+1, 1]
+    j = jnp.arange(gamma + 1, dtype=jnp.float32)[None, :]                     # [1, G+1]
     a = jnp.clip(alpha, 0.0, 0.999)
-    tokens = (1.0 - a ** (g + 1)) / (1.0 - a)
-    cost = jnp.where(g == 0, 1.0, g * costs[0] + costs[1])
-    return jnp.argmax(tokens / cost).astype(jnp.int32)
+    p = jnp.where(j < g, a ** j * (1.0 - a), jnp.where(j == g, a ** g, 0.0))  # [G+1, G+1] P(j accepted)
+    mean = jnp.sum((j + 1.0) * p, axis=1)                                     # [G+1]
+    spread = jnp.sqrt(jnp.maximum(jnp.sum((j + 1.0) ** 2 * p, axis=1) - mean ** 2, 0.0))
+    k = jnp.maximum(jnp.asarray(rows, jnp.float32), 1.0)
+    z = jax.scipy.special.ndtri((k - 0.375) / (k + 0.25))                     # 0 for one row
+    left = jnp.maximum(jnp.asarray(jnp.inf if remaining is None else remaining, jnp.float32), 1.0)
+    pace = jax.lax.cummax(jnp.maximum(mean - z * spread * jnp.sqrt(mean / left), 1.0))
+    ws = sorted(set(widths) | {gamma})
+    width = jnp.asarray([min(w for w in ws if w >= i) for i in range(gamma + 1)], jnp.float32)
+    cost = jnp.where(g[:, 0] == 0, 1.0, g[:, 0] * costs[0] + 1.0 + (costs[1] - 1.0) * width / gamma)
+    return (gamma - jnp.argmax((pace / cost)[::-1])).astype(jnp.int32)
 
 
 def running_alpha(stats: Dict[str, Array], active: Array) -> Array:
@@ -121,25 +148,29 @@ def speculative_decode(target: StepFn, target_cache: Any, draft, draft_state: An
     `ModelDraft` around a draft model's step function, ...) whose `init` made draft_state.
     costs: adaptive gamma -- [c, v] (traced): each round drafts at most `choose_gamma` of
     the running acceptance rate of the slowest active row (`running_alpha`; the first
-    round drafts as if every draft were accepted), and makes a plain target step when that
-    is 0 (the draft then catches up later). Chosen from past rounds only, so still exact.
+    round drafts as if every draft were accepted), the active rows and their longest
+    remaining budget; it verifies at the narrowest of `adaptive_widths(gamma)` that holds
+    that count, and makes a plain target step when it is 0 (the draft then catches up
+    later). Chosen from past rounds only, so still exact.
     start [B]: each row's first token (see `_buffer`)."""
     greedy = sampling.greedy
+    widths = adaptive_widths(gamma)
     verify = VERIFIERS[check_verification(verification, lenience)]
     state = SpeculativeState(_buffer(batch, max_len, start),
                              jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), bool),
                              target_cache, draft_state, rng, init_stats(batch, gamma))
-    steps = jnp.arange(gamma + 1)[None, :]                                     # [1, G+1]
 
-    def round_(s: SpeculativeState, limit=None) -> SpeculativeState:
+    def round_(s: SpeculativeState, limit=None, width: int = gamma) -> SpeculativeState:
+        # width: the drafts this round's shapes hold (G below; gamma but in adaptive rounds)
         seq, m = s.seq, s.m
         rng, k_draft, k_verify = split_rows(s.rng, 3)
+        steps = jnp.arange(width + 1)[None, :]                                 # [1, G+1]
 
-        # 1. Draft up to gamma tokens x_1..x_count, each drawn from its q_i.
-        d = draft.propose(s.draft_state, seq, m, ~s.done, gamma, sampling, k_draft, limit)
+        # 1. Draft up to G tokens x_1..x_count, each drawn from its q_i.
+        d = draft.propose(s.draft_state, seq, m, ~s.done, width, sampling, k_draft, limit)
         xs, qs = d.xs, d.qs                                                    # [B, G], [B, G, V]
 
-        # 2. Verify: one target call over [y_m, x_1..x_gamma] -> p_1..p_{gamma+1}.
+        # 2. Verify: one target call over [y_m, x_1..x_G] -> p_1..p_{G+1}.
         tokens = jnp.concatenate([_take(seq, m[:, None]), xs], axis=1)         # [B, G+1]
         logits, tcache = target(s.target_cache, tokens, m)                     # [B, G+1, V]
         p = adjust(logits, sampling)
@@ -149,8 +180,9 @@ def speculative_decode(target: StepFn, target_cache: Any, draft, draft_state: An
         new = jnp.where(steps < n[:, None], jnp.pad(xs, ((0, 0), (0, 1))),
                         jnp.where(steps == n[:, None], nxt[:, None], 0))       # [B, G+1]
         seq, m, done, emitted = emit(seq, m, s.done, new, n + 1, eos_id, max_len)
-        proposed = steps[:, :gamma] < d.count[:, None]                         # [B, G]
+        proposed = steps[:, :width] < d.count[:, None]                         # [B, G]
         reached = jnp.pad(accepted[:, :-1], ((0, 0), (1, 0)), constant_values=True) & proposed
+        accepted, reached = (jnp.pad(x, ((0, 0), (0, gamma - width))) for x in (accepted, reached))
         stats = record_call(s.stats, ~s.done, emitted, d.count, accepted, reached, d.wide_first,
                             d.model_steps)
         return SpeculativeState(seq, m, done, tcache, d.state, rng, stats)
@@ -168,15 +200,20 @@ def speculative_decode(target: StepFn, target_cache: Any, draft, draft_state: An
         # never learn); later rounds go by the drafts so far
         first = jnp.all(s.stats["target_calls"] == 0)
         alpha = jnp.where(first, 1.0, running_alpha(s.stats, ~s.done))
-        return choose_gamma(alpha, costs, gamma)
+        left = jnp.max(jnp.where(s.done, 0, max_len - s.m))                   # the longest budget
+        return choose_gamma(alpha, costs, gamma, jnp.sum(~s.done), left, widths)
 
     def adaptive_rounds(s: SpeculativeState) -> SpeculativeState:
-        # each round as gamma_now chooses: plain rounds, then drafting rounds, in two inner
-        # loops rather than a lax.cond per round (a cond's operands, the caches, were copied
-        # every round: a plain round cost 1.6x a plain step at batch 32)
+        # each round as gamma_now chooses: plain rounds, then rounds of each width (the
+        # narrowest that holds the chosen count), in one inner loop per width rather than a
+        # lax.cond per round (a cond's operands, the caches, were copied every round: a
+        # plain round cost 1.6x a plain step at batch 32)
         s = jax.lax.while_loop(lambda s: _running(s) & (gamma_now(s) == 0), plain_round, s)
-        return jax.lax.while_loop(lambda s: _running(s) & (gamma_now(s) > 0),
-                                  lambda s: round_(s, gamma_now(s)), s)
+        for lo, w in zip((0,) + widths, widths):
+            s = jax.lax.while_loop(lambda s, lo=lo, w=w: _running(s) & (gamma_now(s) > lo)
+                                   & (gamma_now(s) <= w),
+                                   lambda s, w=w: round_(s, gamma_now(s), w), s)
+        return s
 
     s = jax.lax.while_loop(_running, round_ if costs is None else adaptive_rounds, state)
     return s.seq[:, 1:max_len + 1], s.m, s.stats
