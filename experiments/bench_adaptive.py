@@ -51,7 +51,8 @@ def main():
     print("| batch | decode | tokens/s vs plain | tokens / target call | rounds by drafts "
           "proposed | ms / iteration |", flush=True)
     for B in args.batches:
-        batches = []
+        jax.clear_caches()  # each batch size compiles ~50 programs: free the last one's, or
+        batches = []        # the CPU JIT runs out of memory maps (vm.max_map_count) by batch 32
         for i in range(0, len(examples), B):
             chunk = examples[i:i + B]
             width = -(-max(len(e["inputs"]) for e in chunk) // 32) * 32
@@ -79,7 +80,8 @@ def main():
             iterations = sum(int(o.stats["target_calls"].max()) for o in outs)
             hist = np.sum([o.stats["drafts_per_round_hist"].sum(0) for o in outs], axis=0)
             costs = outs[0].stats.get("adaptive_costs")
-            extra = (f" c={costs['c']:.3f} v={costs['v']:.3f}" if costs else "")
+            extra = (f" c={costs['c']:.3f} v={costs['v']:.3f} v1={costs['v1']:.3f}" if costs
+                     else "")
             print(f"| {B} | {name} | {rate[name] / rate['plain']:.2f}x | "
                   f"{tokens[name] / calls:.3f} | {hist.tolist()} | "
                   f"{1e3 * seconds[name] / iterations:.2f} |{extra}", flush=True)

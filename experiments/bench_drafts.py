@@ -102,8 +102,8 @@ def main():
                             target, batches, temperature, gamma=gamma,
                             verification=verification, **kw)
                         a = analysis.alpha_from_acceptance(acc, reached)
-                        c, v = st.gamma_costs(target, kw["draft"], middle, gamma, MAX_LEN,
-                                              st.SamplingConfig(temperature=temperature))
+                        c, v, _ = st.gamma_costs(target, kw["draft"], middle, gamma, MAX_LEN,
+                                                 st.SamplingConfig(temperature=temperature))
                         print(f"| {batch} | {gamma} | {temperature:g} | {verification} | "
                               f"{name} | {a:.3f} | {tokens / calls:.2f} | "
                               f"{analysis.expected_tokens_per_call(a, gamma):.2f} | "

@@ -84,6 +84,15 @@ def step_times(specs: Dict[str, Tuple[Model, int]], batch: int = 1, input_len: i
 class GammaCosts(NamedTuple):
     """The paper's cost ratios as a decode loop pays them, in units of one plain decode
     iteration (a target step and its sampling): c per draft, v for the rest of a round (the
-    verify pass over gamma + 1 tokens and the accept test)."""
+    verify pass over gamma + 1 tokens and the accept test), v1 the same for a round of one
+    draft (over 2 tokens). A round of w drafts costs v1 + (v - v1)(w - 1)/(gamma - 1), a
+    line through both; v1 None: 1 + (v - 1)/gamma, the line from a plain step to v (which
+    underrates narrow rounds at large batches: batch 64 here, 1.57 measured, 1.22 so)."""
     c: float
     v: float
+    v1: Optional[float] = None
+
+    def resolved(self, gamma: int) -> "GammaCosts":
+        """These costs with v1 filled in for rounds of at most gamma drafts."""
+        v1 = self.v if gamma == 1 else self.v1
+        return self._replace(v1=1.0 + (self.v - 1.0) / gamma if v1 is None else v1)

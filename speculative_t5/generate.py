@@ -275,11 +275,12 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
     call on average, identical when greedy; lenience must then be 1).
     draft_stop: a probability t in (0, 1): a row stops drafting after a token its draft
     model gave probability below t (fewer draft calls; still exact); needs a draft model.
-    adaptive_gamma: True, or measured costs `GammaCosts(c, v)`: gamma becomes each round's
-    maximum; a round drafts the number in 0..gamma that eq. (5) prefers for the running
-    acceptance rate of the batch's slowest active row (0: a plain target step, where
-    speculation does not pay; the first round drafts if perfect drafts would pay). True
-    measures c and v here at this batch size and width, once per process (a few seconds).
+    adaptive_gamma: True, or measured costs `GammaCosts(c, v[, v1])`: gamma becomes each
+    round's maximum; a round drafts the number in 0..gamma that finishes the batch soonest
+    (`decoding.loops.choose_gamma`; eq. (5) for one row) at the running acceptance rate of
+    the batch's slowest active row (0: a plain target step, where speculation does not pay;
+    the first round drafts if perfect drafts would pay). True measures c, v and v1 here at
+    this batch size and width, once per process (a few seconds).
     Exact: the choice depends only on earlier rounds."""
     if not isinstance(model, Model):
         raise TypeError(f"model must be a speculative_t5.Model, got {type(model).__name__}")
@@ -290,10 +291,12 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
         draft = check_draft(model, draft)
     draft_stop = check_draft_stop(draft_stop, draft)
     if adaptive_gamma is not False and not (adaptive_gamma is True or (
-            isinstance(adaptive_gamma, tuple) and len(adaptive_gamma) == 2
-            and all(isinstance(x, (int, float)) and x >= 0 for x in adaptive_gamma))):
-        raise ValueError(f"adaptive_gamma must be True, False or GammaCosts(c, v) with c, v "
-                         f">= 0, got {adaptive_gamma!r}")
+            isinstance(adaptive_gamma, tuple) and len(adaptive_gamma) in (2, 3)
+            and all(isinstance(x, (int, float)) and x >= 0 for x in adaptive_gamma[:2])
+            and (len(adaptive_gamma) == 2 or adaptive_gamma[2] is None
+                 or isinstance(adaptive_gamma[2], (int, float)) and adaptive_gamma[2] >= 0))):
+        raise ValueError(f"adaptive_gamma must be True, False or GammaCosts(c, v[, v1]) with "
+                         f"c, v, v1 >= 0, got {adaptive_gamma!r}")
     if adaptive_gamma is not False and draft is None:
         raise ValueError("adaptive_gamma needs a draft (it chooses how many drafts a round "
                          "makes)")
@@ -335,7 +338,9 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
         costs = gamma_costs(model, draft, ids, gamma, max_decode_len, sampling, lengths,
                             partitioner)
     elif adaptive_gamma is not False:
-        costs = GammaCosts(*map(float, adaptive_gamma))
+        costs = GammaCosts(*(None if x is None else float(x) for x in adaptive_gamma))
+    if costs is not None:
+        costs = costs.resolved(gamma)
     ids = jnp.asarray(ids, jnp.int32)
     if partitioner is not None:
         if not isinstance(partitioner, Partitioner):
@@ -378,14 +383,16 @@ _MEASURED: Dict[Tuple, GammaCosts] = {}
 def gamma_costs(model: Model, draft, input_ids, gamma: int = 4, max_decode_len: int = 64,
                 sampling: SamplingConfig = SamplingConfig(), prompt_lengths=None,
                 partitioner: Optional[Partitioner] = None, rounds: int = 3) -> GammaCosts:
-    """Adaptive gamma's c and v as this decode's loop pays them, measured on these inputs:
-    P = a plain decode's seconds per loop iteration, R = a fixed-gamma speculative decode's
-    seconds per round (each the median of `rounds` runs after a compiling one), c = the
-    draft models' one-token steps (timed in compiled loops; 0 without a draft model) over
-    P, v = R / P - gamma c. So the loop's own work (sampling, the accept test,
-    which grow with the batch) is in v, where bare step times would leave it out. Once per
-    process for each pair, input shape and setting; several processes in lock-step all
-    take process 0's figures (each choosing its own would split the program)."""
+    """Adaptive gamma's c, v and v1 as this decode's loop pays them, measured on these
+    inputs: P = a plain decode's seconds per loop iteration, R_g = a fixed-g speculative
+    decode's seconds per round (each the median of `rounds` runs after a compiling one), c =
+    the draft models' one-token steps (timed in compiled loops; 0 without a draft model)
+    over P, v = R_gamma / P - gamma c, v1 = R_1 / P - c (rounds of one draft; a line from a
+    plain step to v underrates them where the batch makes the target compute-bound). So the
+    loop's own work (sampling, the accept test, which grow with the batch) is in v, where
+    bare step times would leave it out. Once per process for each pair, input shape and
+    setting; several processes in lock-step all take process 0's figures (each choosing its
+    own would split the program)."""
     ids = np.asarray(input_ids)
     key = (id(model.params), id(draft.params) if isinstance(draft, Model) else id(draft),
            ids.shape, gamma, max_decode_len, sampling, partitioner)
@@ -400,10 +407,10 @@ def gamma_costs(model: Model, draft, input_ids, gamma: int = 4, max_decode_len: 
             outs[name] = generate(model, ids, **kw, **extra)
             return outs[name].tokens
         return go
-    seconds = interleaved_medians({"plain": run("plain"), "spec": run("spec", draft=draft,
-                                                                     gamma=gamma)}, rounds)
-    per_plain = seconds["plain"] / max(int(outs["plain"].stats["target_calls"].max()), 1)
-    per_round = seconds["spec"] / max(int(outs["spec"].stats["target_calls"].max()), 1)
+    gammas = sorted({1, gamma})
+    seconds = interleaved_medians({"plain": run("plain"), **{
+        f"gamma {g}": run(f"gamma {g}", draft=draft, gamma=g) for g in gammas}}, rounds)
+    per = {k: seconds[k] / max(int(outs[k].stats["target_calls"].max()), 1) for k in seconds}
     c = 0.0
     drafts = draft_models(draft)
     if drafts:
@@ -411,8 +418,9 @@ def gamma_costs(model: Model, draft, input_ids, gamma: int = 4, max_decode_len: 
         L = cache_positions(max_decode_len, W if model.decoder_only else 0)
         t = step_times({f"draft_{i}": (d, 1) for i, d in enumerate(drafts)},
                        B, W, L, L // 2, rounds=5, steps=8, warmup=1)
-        c = sum(t.values()) / per_plain
-    costs = np.array([c, max(per_round / per_plain - gamma * c, 0.0)])
+        c = sum(t.values()) / per["plain"]
+    v = {g: max(per[f"gamma {g}"] / per["plain"] - g * c, 0.0) for g in gammas}  # a round's rest
+    costs = np.array([c, v[gamma], v[1]])
     if jax.process_count() > 1:  # lock-step processes must choose the same gammas
         from jax.experimental import multihost_utils
         costs = np.asarray(multihost_utils.broadcast_one_to_all(costs))

@@ -25,22 +25,29 @@ MIXED = {"token": (0.3, 1.2), "block": (0.35, 1.2)}
 
 def test_choose_gamma_follows_eq_5():
     def pick(alpha, c, v, gamma=4):
-        return int(choose_gamma(jnp.float32(alpha), jnp.asarray([c, v], jnp.float32), gamma))
+        return int(choose_gamma(jnp.float32(alpha), jnp.asarray([c, v, v], jnp.float32), gamma))
     # eq. (5) by hand: alpha 0.8, c 0.05, v 1: g=4 gives (1-.8^5)/(.2 (.2+1)) = 2.79, the best
     assert pick(0.8, 0.05, 1.0) == 4
     # alpha 0.6, c 0.3, v 1.2: g=1 1.6/1.5=1.067, g=2 1.96/1.8=1.089, g=3 2.18/2.1=1.036
     assert pick(0.6, 0.3, 1.2) == 2
     assert pick(0.3, 0.1, 2.0) == 0          # speculation cannot pay for a 2x verify pass
     assert pick(0.99, 0.0, 1.0, gamma=7) == 7
-    # narrower rounds verify fewer tokens: width w costs 1 + (v - 1) w / gamma. alpha 0.7,
-    # c 0.05, v 3, gamma 8, widths 1, 2, 4, 8: g=1 1.7 / 1.3 = 1.31, g=2 2.19 / 1.6 = 1.37,
-    # g=3 (width 4) 2.53 / 2.15 = 1.18, g=4 2.77 / 2.2 = 1.26; width 8 alone: g=8 3.2 / 3.4
-    # = 0.94 < 1, a plain step
+    # narrower rounds verify fewer tokens: width w costs v1 + (v - v1)(w - 1)/(gamma - 1),
+    # v1 by default on the line from a plain step, 1 + (v - 1)/gamma. alpha 0.7, c 0.05,
+    # v 3 (v1 1.25), gamma 8, widths 1, 2, 4, 8: g=1 1.7 / 1.3 = 1.31, g=2 2.19 / 1.6 =
+    # 1.37, g=3 (width 4) 2.53 / 2.15 = 1.18, g=4 2.77 / 2.2 = 1.26; width 8 alone: g=8
+    # 3.2 / 3.4 = 0.94 < 1, a plain step
     assert adaptive_widths(8) == (1, 2, 4, 8) and adaptive_widths(7) == (1, 3, 7)
     assert adaptive_widths(1) == (1,)
-    costs = jnp.asarray([0.05, 3.0], jnp.float32)
+    line = st.GammaCosts(0.05, 3.0).resolved(8)
+    assert line.v1 == pytest.approx(1.25) and st.GammaCosts(0.05, 3.0).resolved(1).v1 == 3.0
+    costs = jnp.asarray(line, jnp.float32)
     assert int(choose_gamma(jnp.float32(0.7), costs, 8, widths=adaptive_widths(8))) == 2
     assert int(choose_gamma(jnp.float32(0.7), costs, 8)) == 0
+    # a measured v1 of 1.6 (narrow rounds dearer, as at batch 64): g=1 1.7 / 1.65 = 1.03,
+    # g=2 (verify 1.6 + 1.4 / 7 = 1.8) 2.19 / 1.9 = 1.153, g=4 (2.2) 2.773 / 2.4 = 1.155
+    costs = jnp.asarray(st.GammaCosts(0.05, 3.0, 1.6), jnp.float32)
+    assert int(choose_gamma(jnp.float32(0.7), costs, 8, widths=adaptive_widths(8))) == 4
     # rows' own rates shrunk toward the pooled one (prior 3 of 4: 7 / 12) by 4 pseudo-drafts;
     # the least over the active rows: row 0 (4 + 4 * 7/12) / 11, row 1 (0 + 4 * 7/12) / 5
     stats = {"accepted_at": jnp.asarray([[3, 1], [0, 0]]),
@@ -52,8 +59,8 @@ def test_choose_gamma_follows_eq_5():
 
 def _loop_time(alpha, c, v, g, rows, need, reps=1000):
     """Monte Carlo, independent of choose_gamma: the mean target time (plain steps) until
-    every one of `rows` rows has `need` tokens, a round (cost g c + v; a plain step costs 1)
-    giving each row 1 + min(its accepted drafts ~ Geometric, g)."""
+    every one of `rows` rows has `need` tokens, a round (cost g c + v, v its verify pass; a
+    plain step costs 1) giving each row 1 + min(its accepted drafts ~ Geometric, g)."""
     if g == 0:
         return float(need)
     rng = np.random.default_rng(0)
@@ -72,12 +79,27 @@ def test_choose_gamma_finishes_a_batch_soonest(rows, c, v):
     for alpha in (0.6, 0.77, 0.9):
         for need in (64, 16):
             times = [_loop_time(alpha, c, v, g, rows, need) for g in range(gamma + 1)]
-            costs = jnp.asarray([c, v], jnp.float32)
+            costs = jnp.asarray([c, v, v], jnp.float32)
             batch = int(choose_gamma(jnp.float32(alpha), costs, gamma, rows, need))
             one_row = int(choose_gamma(jnp.float32(alpha), costs, gamma))
             assert times[batch] <= 1.03 * min(times), (alpha, need, batch, times)
             worst_one_row = max(worst_one_row, times[one_row] / min(times))
     assert worst_one_row > 1.25 if rows > 1 else worst_one_row < 1.03   # one row: eq. (5)
+
+
+@pytest.mark.parametrize("rows,c,v,v1", [(8, 0.07, 3.2, 1.45), (64, 0.05, 2.8, 1.57)])
+def test_choose_gamma_with_widths_finishes_a_batch_soonest(rows, c, v, v1):
+    """Rounds verified at their own width (every width 1..gamma, costs as measured at batch
+    8 and 64 here): the choice costs within 3% of the best gamma's simulated time."""
+    gamma = 8
+    for alpha in (0.6, 0.77, 0.9):
+        for need in (64, 16):
+            times = [_loop_time(alpha, c, v1 + (v - v1) * (g - 1) / (gamma - 1), g, rows, need)
+                     for g in range(gamma + 1)]
+            costs = jnp.asarray([c, v, v1], jnp.float32)
+            g = int(choose_gamma(jnp.float32(alpha), costs, gamma, rows, need,
+                                 tuple(range(1, gamma + 1))))
+            assert times[g] <= 1.03 * min(times), (alpha, need, g, times)
 
 
 @pytest.mark.parametrize("verification", ["token", "block"])
@@ -90,7 +112,8 @@ def test_adaptive_gamma_sampling_is_exact(monkeypatch, verification):
     assert hist[0] > 0.05 * hist.sum() and hist[1:].sum() > 0.05 * hist.sum(), hist
     assert cells >= 20 and pvalue > 1e-3, (verification, pvalue, cells)
     tg._check_stats(out, 3, fixed_model_draft=False)
-    assert out.stats["adaptive_costs"] == dict(zip("cv", MIXED[verification]))
+    c, v = MIXED[verification]
+    assert out.stats["adaptive_costs"] == pytest.approx(dict(c=c, v=v, v1=1 + (v - 1) / 3))
 
 
 @pytest.fixture
@@ -177,12 +200,12 @@ def test_measured_costs_and_errors():
     target, draft = st.init_model(tx._cfg(), seed=0), st.init_model(tx._cfg(), seed=1)
     ids = np.repeat(tx.INPUT, 4, 0)
     costs = st.gamma_costs(target, draft, ids, gamma=3, max_decode_len=6)
-    assert 0 < costs.c < 1.5 and costs.v > 0.2   # same-sized models
+    assert 0 < costs.c < 1.5 and costs.v > 0.2 and costs.v1 > 0.2  # same-sized models
     assert st.gamma_costs(target, draft, ids, gamma=3, max_decode_len=6) is costs  # once
     out = st.generate(target, np.repeat(tx.INPUT, 4, 0), draft=draft, gamma=3, max_decode_len=4,
                       adaptive_gamma=True)
     assert out.stats["adaptive_costs"]["v"] > 0
-    for bad in ("yes", (1.0,), (-1.0, 1.0), 2):
+    for bad in ("yes", (1.0,), (-1.0, 1.0), (1.0, 1.0, -1.0), (1.0, 1.0, "x"), 2):
         with pytest.raises(ValueError, match="adaptive_gamma must be"):
             st.generate(target, tx.INPUT, draft=draft, adaptive_gamma=bad)
     with pytest.raises(ValueError, match="adaptive_gamma needs a draft"):

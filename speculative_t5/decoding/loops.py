@@ -74,9 +74,10 @@ def adaptive_widths(gamma: int) -> Tuple[int, ...]:
 def choose_gamma(alpha: Array, costs: Array, gamma: int, rows: Any = 1,
                  remaining: Any = None, widths: Tuple[int, ...] = ()) -> Array:
     """The round's gamma in 0..gamma that finishes the batch soonest per unit of target
-    time. costs: [c, v], v for the verify pass over gamma + 1 tokens; a round of width w
-    (`widths`, default only gamma) verifies w + 1 tokens for 1 + (v - 1) w / gamma, between
-    a plain step's 1 and v; a plain step (g = 0) costs 1 and gives every row 1 token.
+    time. costs: [c, v, v1] (`GammaCosts.resolved`), v for the verify pass over gamma + 1
+    tokens, v1 over 2; a round of width w (`widths`, default only gamma) verifies w + 1
+    tokens for v1 + (v - v1)(w - 1)/(gamma - 1); a plain step (g = 0) costs 1 and gives
+    every row 1 token.
 
     One row (rows = 1) is eq. (5): the most expected tokens per unit of time,
     (1 - alpha^(g+1)) / ((1 - alpha)(g c + v)). A batch runs until its slowest row is
@@ -100,7 +101,9 @@ def choose_gamma(alpha: Array, costs: Array, gamma: int, rows: Any = 1,
     pace = jax.lax.cummax(jnp.maximum(mean - z * spread * jnp.sqrt(mean / left), 1.0))
     ws = sorted(set(widths) | {gamma})
     width = jnp.asarray([min(w for w in ws if w >= i) for i in range(gamma + 1)], jnp.float32)
-    cost = jnp.where(g[:, 0] == 0, 1.0, g[:, 0] * costs[0] + 1.0 + (costs[1] - 1.0) * width / gamma)
+    c, v, v1 = costs[0], costs[1], costs[2]
+    verify = v1 + (v - v1) * (width - 1.0) / max(gamma - 1, 1)                # [G+1]
+    cost = jnp.where(g[:, 0] == 0, 1.0, g[:, 0] * c + verify)
     return (gamma - jnp.argmax((pace / cost)[::-1])).astype(jnp.int32)
 
 
@@ -146,7 +149,7 @@ def speculative_decode(target: StepFn, target_cache: Any, draft, draft_state: An
     rng [B]: a PRNG key per row. verification: "token" (`verify`) or "block" (`verify_block`,
     Sun et al. 2025) decides how many drafts a round accepts. draft: a draft (`drafts`: a
     `ModelDraft` around a draft model's step function, ...) whose `init` made draft_state.
-    costs: adaptive gamma -- [c, v] (traced): each round drafts at most `choose_gamma` of
+    costs: adaptive gamma -- [c, v, v1] (traced): each round drafts at most `choose_gamma` of
     the running acceptance rate of the slowest active row (`running_alpha`; the first
     round drafts as if every draft were accepted), the active rows and their longest
     remaining budget; it verifies at the narrowest of `adaptive_widths(gamma)` that holds
