@@ -206,17 +206,24 @@ def speculative_decode(target: StepFn, target_cache: Any, draft, draft_state: An
         left = jnp.max(jnp.where(s.done, 0, max_len - s.m))                   # the longest budget
         return choose_gamma(alpha, costs, gamma, jnp.sum(~s.done), left, widths)
 
-    def adaptive_rounds(s: SpeculativeState) -> SpeculativeState:
-        # each round as gamma_now chooses: plain rounds, then rounds of each width (the
-        # narrowest that holds the chosen count), in one inner loop per width rather than a
-        # lax.cond per round (a cond's operands, the caches, were copied every round: a
-        # plain round cost 1.6x a plain step at batch 32)
-        s = jax.lax.while_loop(lambda s: _running(s) & (gamma_now(s) == 0), plain_round, s)
+    def adaptive_rounds(c: Tuple[SpeculativeState, Array]) -> Tuple[SpeculativeState, Array]:
+        # c: (state, the count gamma_now chose for its next round -- chosen once a round and
+        # carried, as the loops' conditions and the round all read it). Each round as chosen:
+        # plain rounds, then rounds of each width (the narrowest that holds the count), in one
+        # inner loop per width rather than a lax.cond per round (a cond's operands, the
+        # caches, were copied every round: a plain round cost 1.6x a plain step at batch 32)
+        def then(s):
+            return s, gamma_now(s)
+        c = jax.lax.while_loop(lambda c: _running(c[0]) & (c[1] == 0),
+                               lambda c: then(plain_round(c[0])), c)
         for lo, w in zip((0,) + widths, widths):
-            s = jax.lax.while_loop(lambda s, lo=lo, w=w: _running(s) & (gamma_now(s) > lo)
-                                   & (gamma_now(s) <= w),
-                                   lambda s, w=w: round_(s, gamma_now(s), w), s)
-        return s
+            c = jax.lax.while_loop(lambda c, lo=lo, w=w: _running(c[0]) & (c[1] > lo) & (c[1] <= w),
+                                   lambda c, w=w: then(round_(c[0], c[1], w)), c)
+        return c
 
-    s = jax.lax.while_loop(_running, round_ if costs is None else adaptive_rounds, state)
+    if costs is None:
+        s = jax.lax.while_loop(_running, round_, state)
+    else:
+        s, _ = jax.lax.while_loop(lambda c: _running(c[0]), adaptive_rounds,
+                                  (state, gamma_now(state)))
     return s.seq[:, 1:max_len + 1], s.m, s.stats
