@@ -80,8 +80,8 @@ def main():
             iterations = sum(int(o.stats["target_calls"].max()) for o in outs)
             hist = np.sum([o.stats["drafts_per_round_hist"].sum(0) for o in outs], axis=0)
             costs = outs[0].stats.get("adaptive_costs")
-            extra = (f" c={costs['c']:.3f} v={costs['v']:.3f} v1={costs['v1']:.3f}" if costs
-                     else "")
+            extra = (f" c={costs['c']:.3f} v={costs['v']:.3f} v1={costs['v1']:.3f} "
+                     f"w={costs['w']:.3f}" if costs else "")
             print(f"| {B} | {name} | {rate[name] / rate['plain']:.2f}x | "
                   f"{tokens[name] / calls:.3f} | {hist.tolist()} | "
                   f"{1e3 * seconds[name] / iterations:.2f} |{extra}", flush=True)

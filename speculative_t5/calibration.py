@@ -87,12 +87,29 @@ class GammaCosts(NamedTuple):
     verify pass over gamma + 1 tokens and the accept test), v1 the same for a round of one
     draft (over 2 tokens). A round of w drafts costs v1 + (v - v1)(w - 1)/(gamma - 1), a
     line through both; v1 None: 1 + (v - 1)/gamma, the line from a plain step to v (which
-    underrates narrow rounds at large batches: batch 64 here, 1.57 measured, 1.22 so)."""
+    underrates narrow rounds at large batches: batch 64 here, 1.57 measured, 1.22 so).
+    w: the draft models' feed of gamma + 1 tokens, the chunk a draft model catches up in
+    after plain rounds (`ModelDraft`); None: c, as dear as one step (at batch 64 here it
+    is 3.6 c)."""
     c: float
     v: float
     v1: Optional[float] = None
+    w: Optional[float] = None
 
     def resolved(self, gamma: int) -> "GammaCosts":
-        """These costs with v1 filled in for rounds of at most gamma drafts."""
+        """These costs with v1 and w filled in for rounds of at most gamma drafts."""
         v1 = self.v if gamma == 1 else self.v1
-        return self._replace(v1=1.0 + (self.v - 1.0) / gamma if v1 is None else v1)
+        return self._replace(v1=1.0 + (self.v - 1.0) / gamma if v1 is None else v1,
+                             w=self.c if self.w is None else self.w)
+
+
+def check_gamma_costs(costs) -> GammaCosts:
+    """Costs given by hand (`adaptive_gamma=GammaCosts(...)` or a plain tuple) as
+    GammaCosts: c and v numbers >= 0, v1 and w numbers >= 0 or None."""
+    def number(x):
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0
+    if not (isinstance(costs, tuple) and 2 <= len(costs) <= 4 and all(
+            number(x) or (i >= 2 and x is None) for i, x in enumerate(costs))):
+        raise ValueError(f"adaptive_gamma must be True, False or GammaCosts(c, v[, v1[, w]]) "
+                         f"with c, v, v1, w >= 0 (v1, w may be None), got {costs!r}")
+    return GammaCosts(*(None if x is None else float(x) for x in costs))

@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative_t5.calibration import GammaCosts, interleaved_medians, step_times
+from speculative_t5.calibration import (GammaCosts, check_gamma_costs, interleaved_medians,
+                                        step_times)
 from speculative_t5.decoding.drafts import Fallback, ModelDraft
 from speculative_t5.decoding.loops import plain_decode, speculative_decode
 from speculative_t5.decoding.output import GenerateOutput
@@ -275,7 +276,7 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
     call on average, identical when greedy; lenience must then be 1).
     draft_stop: a probability t in (0, 1): a row stops drafting after a token its draft
     model gave probability below t (fewer draft calls; still exact); needs a draft model.
-    adaptive_gamma: True, or measured costs `GammaCosts(c, v[, v1])`: gamma becomes each
+    adaptive_gamma: True, or measured costs `GammaCosts(c, v[, v1[, w]])`: gamma becomes each
     round's maximum; a round drafts the number in 0..gamma that finishes the batch soonest
     (`decoding.loops.choose_gamma`; eq. (5) for one row) at the running acceptance rate of
     the batch's slowest active row (0: a plain target step, where speculation does not pay;
@@ -290,13 +291,8 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
     if draft is not None:
         draft = check_draft(model, draft)
     draft_stop = check_draft_stop(draft_stop, draft)
-    if adaptive_gamma is not False and not (adaptive_gamma is True or (
-            isinstance(adaptive_gamma, tuple) and len(adaptive_gamma) in (2, 3)
-            and all(isinstance(x, (int, float)) and x >= 0 for x in adaptive_gamma[:2])
-            and (len(adaptive_gamma) == 2 or adaptive_gamma[2] is None
-                 or isinstance(adaptive_gamma[2], (int, float)) and adaptive_gamma[2] >= 0))):
-        raise ValueError(f"adaptive_gamma must be True, False or GammaCosts(c, v[, v1]) with "
-                         f"c, v, v1 >= 0, got {adaptive_gamma!r}")
+    if adaptive_gamma is not False and adaptive_gamma is not True:
+        adaptive_gamma = check_gamma_costs(adaptive_gamma)
     if adaptive_gamma is not False and draft is None:
         raise ValueError("adaptive_gamma needs a draft (it chooses how many drafts a round "
                          "makes)")
@@ -338,7 +334,7 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
         costs = gamma_costs(model, draft, ids, gamma, max_decode_len, sampling, lengths,
                             partitioner)
     elif adaptive_gamma is not False:
-        costs = GammaCosts(*(None if x is None else float(x) for x in adaptive_gamma))
+        costs = adaptive_gamma
     if costs is not None:
         costs = costs.resolved(gamma)
     ids = jnp.asarray(ids, jnp.int32)
@@ -383,11 +379,12 @@ _MEASURED: Dict[Tuple, GammaCosts] = {}
 def gamma_costs(model: Model, draft, input_ids, gamma: int = 4, max_decode_len: int = 64,
                 sampling: SamplingConfig = SamplingConfig(), prompt_lengths=None,
                 partitioner: Optional[Partitioner] = None, rounds: int = 3) -> GammaCosts:
-    """Adaptive gamma's c, v and v1 as this decode's loop pays them, measured on these
+    """Adaptive gamma's c, v, v1 and w as this decode's loop pays them, measured on these
     inputs: P = a plain decode's seconds per loop iteration, R_g = a fixed-g speculative
     decode's seconds per round (each the median of `rounds` runs after a compiling one), c =
     the draft models' one-token steps (timed in compiled loops; 0 without a draft model)
-    over P, v = R_gamma / P - gamma c, v1 = R_1 / P - c (rounds of one draft; a line from a
+    over P, w = their (gamma + 1)-token steps (catching up after plain rounds) over P,
+    v = R_gamma / P - gamma c, v1 = R_1 / P - c (rounds of one draft; a line from a
     plain step to v underrates them where the batch makes the target compute-bound). So the
     loop's own work (sampling, the accept test, which grow with the batch) is in v, where
     bare step times would leave it out. Once per process for each pair, input shape and
@@ -411,16 +408,18 @@ def gamma_costs(model: Model, draft, input_ids, gamma: int = 4, max_decode_len: 
     seconds = interleaved_medians({"plain": run("plain"), **{
         f"gamma {g}": run(f"gamma {g}", draft=draft, gamma=g) for g in gammas}}, rounds)
     per = {k: seconds[k] / max(int(outs[k].stats["target_calls"].max()), 1) for k in seconds}
-    c = 0.0
+    c = w = 0.0
     drafts = draft_models(draft)
     if drafts:
         B, W = ids.shape
         L = cache_positions(max_decode_len, W if model.decoder_only else 0)
-        t = step_times({f"draft_{i}": (d, 1) for i, d in enumerate(drafts)},
+        t = step_times({**{f"draft_{i}": (d, 1) for i, d in enumerate(drafts)},
+                        **{f"wide_{i}": (d, gamma + 1) for i, d in enumerate(drafts)}},
                        B, W, L, L // 2, rounds=5, steps=8, warmup=1)
-        c = sum(t.values()) / per["plain"]
+        c, w = (sum(t[f"{k}_{i}"] for i in range(len(drafts))) / per["plain"]
+                for k in ("draft", "wide"))
     v = {g: max(per[f"gamma {g}"] / per["plain"] - g * c, 0.0) for g in gammas}  # a round's rest
-    costs = np.array([c, v[gamma], v[1]])
+    costs = np.array([c, v[gamma], v[1], w])
     if jax.process_count() > 1:  # lock-step processes must choose the same gammas
         from jax.experimental import multihost_utils
         costs = np.asarray(multihost_utils.broadcast_one_to_all(costs))

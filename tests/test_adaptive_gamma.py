@@ -25,7 +25,7 @@ MIXED = {"token": (0.3, 1.2), "block": (0.35, 1.2)}
 
 def test_choose_gamma_follows_eq_5():
     def pick(alpha, c, v, gamma=4):
-        return int(choose_gamma(jnp.float32(alpha), jnp.asarray([c, v, v], jnp.float32), gamma))
+        return int(choose_gamma(jnp.float32(alpha), jnp.asarray([c, v, v, c], jnp.float32), gamma))
     # eq. (5) by hand: alpha 0.8, c 0.05, v 1: g=4 gives (1-.8^5)/(.2 (.2+1)) = 2.79, the best
     assert pick(0.8, 0.05, 1.0) == 4
     # alpha 0.6, c 0.3, v 1.2: g=1 1.6/1.5=1.067, g=2 1.96/1.8=1.089, g=3 2.18/2.1=1.036
@@ -46,8 +46,24 @@ def test_choose_gamma_follows_eq_5():
     assert int(choose_gamma(jnp.float32(0.7), costs, 8)) == 0
     # a measured v1 of 1.6 (narrow rounds dearer, as at batch 64): g=1 1.7 / 1.65 = 1.03,
     # g=2 (verify 1.6 + 1.4 / 7 = 1.8) 2.19 / 1.9 = 1.153, g=4 (2.2) 2.773 / 2.4 = 1.155
-    costs = jnp.asarray(st.GammaCosts(0.05, 3.0, 1.6), jnp.float32)
+    costs = jnp.asarray(st.GammaCosts(0.05, 3.0, 1.6).resolved(8), jnp.float32)
     assert int(choose_gamma(jnp.float32(0.7), costs, 8, widths=adaptive_widths(8))) == 4
+    # after idle plain rounds the draft model is up to idle + 2 behind and first catches up
+    # in ceil((idle + 2) / 9) feeds of 9 tokens, w = 0.2 each, in place of one step (c):
+    # idle 1: + 0.15, g=4 2.773 / 2.55 = 1.087, g=2 2.19 / 2.05 = 1.068 -> still 4;
+    # idle 44: 6 feeds, + 1.15, g=4 2.773 / 3.55 = 0.78, g=1 1.7 / 2.8 -> a plain step
+    costs = jnp.asarray(st.GammaCosts(0.05, 3.0, 1.6, 0.2).resolved(8), jnp.float32)
+    for idle, want in ((0, 4), (1, 4), (44, 0)):
+        assert int(choose_gamma(jnp.float32(0.7), costs, 8, widths=adaptive_widths(8),
+                                idle=jnp.int32(idle))) == want, idle
+    assert st.GammaCosts(0.05, 3.0).resolved(8).w == 0.05      # unmeasured: as dear as c
+    # a round gives at most the tokens left: alpha 0.9, c 0.05, v 1, 3 left: g=2 2.71 / 1.1
+    # = 2.46, g=3 (1 x .1 + 2 x .09 + 3 x .81 = 2.71) / 1.15 = 2.36 -> 2 (uncapped: 8);
+    # 1 left: every round gives 1 token, so a plain step
+    costs = jnp.asarray([0.05, 1.0, 1.0, 0.05], jnp.float32)
+    assert int(choose_gamma(jnp.float32(0.9), costs, 8)) == 8
+    assert int(choose_gamma(jnp.float32(0.9), costs, 8, remaining=jnp.int32(3))) == 2
+    assert int(choose_gamma(jnp.float32(0.9), costs, 8, remaining=jnp.int32(1))) == 0
     # rows' own rates shrunk toward the pooled one (prior 3 of 4: 7 / 12) by 4 pseudo-drafts;
     # the least over the active rows: row 0 (4 + 4 * 7/12) / 11, row 1 (0 + 4 * 7/12) / 5
     stats = {"accepted_at": jnp.asarray([[3, 1], [0, 0]]),
@@ -79,7 +95,7 @@ def test_choose_gamma_finishes_a_batch_soonest(rows, c, v):
     for alpha in (0.6, 0.77, 0.9):
         for need in (64, 16):
             times = [_loop_time(alpha, c, v, g, rows, need) for g in range(gamma + 1)]
-            costs = jnp.asarray([c, v, v], jnp.float32)
+            costs = jnp.asarray([c, v, v, c], jnp.float32)
             batch = int(choose_gamma(jnp.float32(alpha), costs, gamma, rows, need))
             one_row = int(choose_gamma(jnp.float32(alpha), costs, gamma))
             assert times[batch] <= 1.03 * min(times), (alpha, need, batch, times)
@@ -96,7 +112,7 @@ def test_choose_gamma_with_widths_finishes_a_batch_soonest(rows, c, v, v1):
         for need in (64, 16):
             times = [_loop_time(alpha, c, v1 + (v - v1) * (g - 1) / (gamma - 1), g, rows, need)
                      for g in range(gamma + 1)]
-            costs = jnp.asarray([c, v, v1], jnp.float32)
+            costs = jnp.asarray([c, v, v1, c], jnp.float32)
             g = int(choose_gamma(jnp.float32(alpha), costs, gamma, rows, need,
                                  tuple(range(1, gamma + 1))))
             assert times[g] <= 1.03 * min(times), (alpha, need, g, times)
@@ -113,7 +129,7 @@ def test_adaptive_gamma_sampling_is_exact(monkeypatch, verification):
     assert cells >= 20 and pvalue > 1e-3, (verification, pvalue, cells)
     tg._check_stats(out, 3, fixed_model_draft=False)
     c, v = MIXED[verification]
-    assert out.stats["adaptive_costs"] == pytest.approx(dict(c=c, v=v, v1=1 + (v - 1) / 3))
+    assert out.stats["adaptive_costs"] == pytest.approx(dict(c=c, v=v, v1=1 + (v - 1) / 3, w=c))
 
 
 @pytest.fixture
@@ -123,7 +139,7 @@ def scripted(monkeypatch):
     4-token decode at gamma 3, plain, then 1, 2 and 3 drafts (widths 1, 3, 3): every width
     and every switch between them, in rows whose budgets differ. At 60k rows eq. (5) for a
     batch (rightly) never drafts after the first round, so the widths need the script."""
-    def script(alpha, costs, gamma, rows=1, remaining=None, widths=()):
+    def script(alpha, costs, gamma, rows=1, remaining=None, widths=(), idle=0):
         return (jnp.asarray(remaining, jnp.int32) * 7) % (gamma + 1)
     jax.clear_caches()  # programs traced with the real rule must not be reused
     monkeypatch.setattr(loops, "choose_gamma", script)
@@ -155,6 +171,30 @@ def test_rounds_of_every_width_greedy_equal_plain(scripted, td_greedy_case):
         tg._check_stats(out, 7, fixed_model_draft=False)
         hist = out.stats["drafts_per_round_hist"].sum(0)
         assert hist[0] > 0 and hist[1] > 0 and hist[2:4].sum() > 0 and hist[4:].sum() > 0, hist
+
+
+def test_the_rule_sees_the_plain_rounds_since_the_last_drafting_round(monkeypatch):
+    """`idle` (what a draft model must catch up, priced by choose_gamma) is 0 after a
+    drafting round and one more after each plain round: checked round by round on a script
+    that drafts 2 in the middle of the budget and makes plain steps before and after."""
+    seen = []
+
+    def script(alpha, costs, gamma, rows=1, remaining=None, widths=(), idle=0):
+        left = jnp.asarray(remaining, jnp.int32)
+        g = jnp.where((left > 12) | (left < 8), 0, 2).astype(jnp.int32)
+        jax.debug.callback(lambda g, i: seen.append((int(g), int(i))), g, idle, ordered=True)
+        return g
+    jax.clear_caches()
+    monkeypatch.setattr(loops, "choose_gamma", script)
+    target, draft = st.init_model(tx._cfg(), seed=0), st.init_model(tx._cfg(), seed=1)
+    out = st.generate(target, np.repeat(tx.INPUT, 2, 0), draft=draft, gamma=3,
+                      max_decode_len=16, adaptive_gamma=(0.1, 1.2), temperature=1.0)
+    jax.clear_caches()
+    assert seen[0] == (0, 0)
+    for (g0, i0), (g1, i1) in zip(seen, seen[1:]):
+        assert i1 == (i0 + 1 if g0 == 0 else 0), seen
+    idles = [i for _, i in seen]
+    assert max(idles) >= 3 and 0 in idles[1:], (seen, out.lengths)
 
 
 def test_free_speculation_is_the_fixed_gamma_decode():
@@ -201,11 +241,13 @@ def test_measured_costs_and_errors():
     ids = np.repeat(tx.INPUT, 4, 0)
     costs = st.gamma_costs(target, draft, ids, gamma=3, max_decode_len=6)
     assert 0 < costs.c < 1.5 and costs.v > 0.2 and costs.v1 > 0.2  # same-sized models
+    assert costs.c * 0.5 < costs.w < costs.c * 8  # 4 tokens through the draft at once
     assert st.gamma_costs(target, draft, ids, gamma=3, max_decode_len=6) is costs  # once
     out = st.generate(target, np.repeat(tx.INPUT, 4, 0), draft=draft, gamma=3, max_decode_len=4,
                       adaptive_gamma=True)
     assert out.stats["adaptive_costs"]["v"] > 0
-    for bad in ("yes", (1.0,), (-1.0, 1.0), (1.0, 1.0, -1.0), (1.0, 1.0, "x"), 2):
+    for bad in ("yes", (1.0,), (-1.0, 1.0), (1.0, 1.0, -1.0), (1.0, 1.0, "x"), 2,
+                (1.0, 1.0, None, -0.1), (1.0, 1.0, 1.0, 1.0, 1.0), (None, 1.0), (True, 1.0)):
         with pytest.raises(ValueError, match="adaptive_gamma must be"):
             st.generate(target, tx.INPUT, draft=draft, adaptive_gamma=bad)
     with pytest.raises(ValueError, match="adaptive_gamma needs a draft"):

@@ -72,12 +72,15 @@ def adaptive_widths(gamma: int) -> Tuple[int, ...]:
 
 
 def choose_gamma(alpha: Array, costs: Array, gamma: int, rows: Any = 1,
-                 remaining: Any = None, widths: Tuple[int, ...] = ()) -> Array:
+                 remaining: Any = None, widths: Tuple[int, ...] = (), idle: Any = 0) -> Array:
     """The round's gamma in 0..gamma that finishes the batch soonest per unit of target
-    time. costs: [c, v, v1] (`GammaCosts.resolved`), v for the verify pass over gamma + 1
+    time. costs: [c, v, v1, w] (`GammaCosts.resolved`), v for the verify pass over gamma + 1
     tokens, v1 over 2; a round of width w (`widths`, default only gamma) verifies w + 1
     tokens for v1 + (v - v1)(w - 1)/(gamma - 1); a plain step (g = 0) costs 1 and gives
-    every row 1 token.
+    every row 1 token. After `idle` plain rounds a draft model is up to idle + 2 positions
+    behind and catches up in (gamma + 1)-token feeds (w each) before it drafts: the round
+    that resumes drafting pays them (at batch 64 here, 44 plain rounds cost ~1.4 plain
+    steps of catching up).
 
     One row (rows = 1) is eq. (5): the most expected tokens per unit of time,
     (1 - alpha^(g+1)) / ((1 - alpha)(g c + v)). A batch runs until its slowest row is
@@ -86,24 +89,27 @@ def choose_gamma(alpha: Array, costs: Array, gamma: int, rows: Any = 1,
     n mu_g - z sigma_g sqrt(n) at the expected minimum over the rows (z: the expected
     maximum of `rows` standard normals, Blom's approximation), i.e. mu_g - z sigma_g
     sqrt(mu_g / remaining) tokens a round (mu_g, sigma_g: the mean and spread of a round's
-    tokens, 1 + a truncated geometric). At least 1 (every round gives every row a token)
-    and never less than a smaller g's (more drafts accept a superset); ties go to the
-    larger g."""
+    tokens, 1 + a truncated geometric, at most `remaining`). At least 1 (every round gives
+    every row a token) and never less than a smaller g's (more drafts accept a superset);
+    ties go to the larger g."""
     g = jnp.arange(gamma + 1, dtype=jnp.float32)[:, None]                     # [G+1, 1]
     j = jnp.arange(gamma + 1, dtype=jnp.float32)[None, :]                     # [1, G+1]
     a = jnp.clip(alpha, 0.0, 0.999)
     p = jnp.where(j < g, a ** j * (1.0 - a), jnp.where(j == g, a ** g, 0.0))  # [G+1, G+1] P(j accepted)
-    mean = jnp.sum((j + 1.0) * p, axis=1)                                     # [G+1]
-    spread = jnp.sqrt(jnp.maximum(jnp.sum((j + 1.0) ** 2 * p, axis=1) - mean ** 2, 0.0))
+    left = jnp.maximum(jnp.asarray(jnp.inf if remaining is None else remaining, jnp.float32), 1.0)
+    tokens = jnp.minimum(j + 1.0, left)                                       # [1, G+1] a round's
+    mean = jnp.sum(tokens * p, axis=1)                                        # [G+1]
+    spread = jnp.sqrt(jnp.maximum(jnp.sum(tokens ** 2 * p, axis=1) - mean ** 2, 0.0))
     k = jnp.maximum(jnp.asarray(rows, jnp.float32), 1.0)
     z = jax.scipy.special.ndtri((k - 0.375) / (k + 0.25))                     # 0 for one row
-    left = jnp.maximum(jnp.asarray(jnp.inf if remaining is None else remaining, jnp.float32), 1.0)
     pace = jax.lax.cummax(jnp.maximum(mean - z * spread * jnp.sqrt(mean / left), 1.0))
     ws = sorted(set(widths) | {gamma})
     width = jnp.asarray([min(w for w in ws if w >= i) for i in range(gamma + 1)], jnp.float32)
-    c, v, v1 = costs[0], costs[1], costs[2]
+    c, v, v1, w = costs[0], costs[1], costs[2], costs[3]
     verify = v1 + (v - v1) * (width - 1.0) / max(gamma - 1, 1)                # [G+1]
-    cost = jnp.where(g[:, 0] == 0, 1.0, g[:, 0] * c + verify)
+    feeds = jnp.ceil((jnp.asarray(idle, jnp.float32) + 2.0) / (gamma + 1))    # catch-up chunks
+    catch_up = jnp.where(jnp.asarray(idle) > 0, feeds * w - c, 0.0)          # in place of a step
+    cost = jnp.where(g[:, 0] == 0, 1.0, g[:, 0] * c + verify + catch_up)
     return (gamma - jnp.argmax((pace / cost)[::-1])).astype(jnp.int32)
 
 
@@ -149,12 +155,13 @@ def speculative_decode(target: StepFn, target_cache: Any, draft, draft_state: An
     rng [B]: a PRNG key per row. verification: "token" (`verify`) or "block" (`verify_block`,
     Sun et al. 2025) decides how many drafts a round accepts. draft: a draft (`drafts`: a
     `ModelDraft` around a draft model's step function, ...) whose `init` made draft_state.
-    costs: adaptive gamma -- [c, v, v1] (traced): each round drafts at most `choose_gamma` of
+    costs: adaptive gamma -- [c, v, v1, w] (traced): each round drafts at most `choose_gamma` of
     the running acceptance rate of the slowest active row (`running_alpha`; the first
     round drafts as if every draft were accepted), the active rows and their longest
     remaining budget; it verifies at the narrowest of `adaptive_widths(gamma)` that holds
     that count, and makes a plain target step when it is 0 (the draft then catches up
-    later). Chosen from past rounds only, so still exact.
+    later, priced by the plain rounds since it last drafted). Chosen from past rounds only,
+    so still exact.
     start [B]: each row's first token (see `_buffer`)."""
     greedy = sampling.greedy
     widths = adaptive_widths(gamma)
@@ -197,33 +204,35 @@ def speculative_decode(target: StepFn, target_cache: Any, draft, draft_state: An
         stats = record_call(s.stats, ~s.done, emitted, 0, no, no, no[:, 0])
         return SpeculativeState(seq, m, done, tcache, s.draft_state, rng, stats)
 
-    def gamma_now(s: SpeculativeState) -> Array:
+    def gamma_now(s: SpeculativeState, idle: Array) -> Array:
         # the first round drafts as if every draft were accepted: speculation is tried
         # wherever it could pay (a plain round adds no evidence, so a cautious start would
         # never learn); later rounds go by the drafts so far
         first = jnp.all(s.stats["target_calls"] == 0)
         alpha = jnp.where(first, 1.0, running_alpha(s.stats, ~s.done))
         left = jnp.max(jnp.where(s.done, 0, max_len - s.m))                   # the longest budget
-        return choose_gamma(alpha, costs, gamma, jnp.sum(~s.done), left, widths)
+        return choose_gamma(alpha, costs, gamma, jnp.sum(~s.done), left, widths, idle)
 
-    def adaptive_rounds(c: Tuple[SpeculativeState, Array]) -> Tuple[SpeculativeState, Array]:
+    def adaptive_rounds(c):
         # c: (state, the count gamma_now chose for its next round -- chosen once a round and
-        # carried, as the loops' conditions and the round all read it). Each round as chosen:
-        # plain rounds, then rounds of each width (the narrowest that holds the count), in one
-        # inner loop per width rather than a lax.cond per round (a cond's operands, the
-        # caches, were copied every round: a plain round cost 1.6x a plain step at batch 32)
-        def then(s):
-            return s, gamma_now(s)
+        # carried, as the loops' conditions and the round all read it --, the plain rounds
+        # since the last drafting round). Each round as chosen: plain rounds, then rounds of
+        # each width (the narrowest that holds the count), in one inner loop per width rather
+        # than a lax.cond per round (a cond's operands, the caches, were copied every round:
+        # a plain round cost 1.6x a plain step at batch 32)
+        def then(s, idle):
+            return s, gamma_now(s, idle), idle
         c = jax.lax.while_loop(lambda c: _running(c[0]) & (c[1] == 0),
-                               lambda c: then(plain_round(c[0])), c)
+                               lambda c: then(plain_round(c[0]), c[2] + 1), c)
         for lo, w in zip((0,) + widths, widths):
             c = jax.lax.while_loop(lambda c, lo=lo, w=w: _running(c[0]) & (c[1] > lo) & (c[1] <= w),
-                                   lambda c, w=w: then(round_(c[0], c[1], w)), c)
+                                   lambda c, w=w: then(round_(c[0], c[1], w), jnp.int32(0)), c)
         return c
 
     if costs is None:
         s = jax.lax.while_loop(_running, round_, state)
     else:
-        s, _ = jax.lax.while_loop(lambda c: _running(c[0]), adaptive_rounds,
-                                  (state, gamma_now(state)))
+        none = jnp.int32(0)
+        s, _, _ = jax.lax.while_loop(lambda c: _running(c[0]), adaptive_rounds,
+                                     (state, gamma_now(state, none), none))
     return s.seq[:, 1:max_len + 1], s.m, s.stats
