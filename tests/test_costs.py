@@ -145,8 +145,10 @@ def test_part_timers_once_times_one_width():
                          "round_2", "call", "setup_target_16", "setup_draft_16", "setup_target_8",
                          "plain_1"}
     assert set(measured.parts()) == set(once) | {"setup_draft_8"}
-    # a set-up part is its timer's call less one step: never negative; every step costs
-    assert all(t > 0 for n, t in once.items() if not n.startswith("setup_"))
+    # a set-up part is its timer's call less one step, and `call` a 1-token decode less its
+    # set-up and loop work: differences of single timings, never negative (0 where a tiny
+    # model's part is within the noise); every directly timed part costs something
+    assert all(t > 0 for n, t in once.items() if not n.startswith("setup_") and n != "call")
     assert all(t >= 0 for t in [*once.values(), *measured.parts().values()])
 
 
