@@ -33,7 +33,8 @@ def step_fn(model: Model):
 @functools.partial(jax.jit, static_argnames=("gamma", "max_decode_len", "top_k", "top_p",
                                              "lenience", "verification", "draft_stop", "adaptive",
                                              "recompute_cross_attention", "partitioner"))
-def _generate(target: Model, draft: Any, input_ids, rng, temperature, lengths=None, *, gamma: int,
+def _generate(target: Model, draft: Any, input_ids, rng, temperature, eos, lengths=None, *,
+              gamma: int,
               max_decode_len: int, top_k: int, top_p: float, lenience: float,
               recompute_cross_attention: bool, partitioner: Optional[Partitioner] = None,
               verification: str = "token", draft_stop: Optional[float] = None,
@@ -44,10 +45,10 @@ def _generate(target: Model, draft: Any, input_ids, rng, temperature, lengths=No
     loops' per-row state follows the rows. draft: None (plain decode), a Model, or a
     draft from `decoding.drafts` (a pytree, its settings static; Models inside a Fallback).
     lengths [B]: a decoder-only target's prompt lengths (input_ids are its prompts); the
-    loops start each row from its last prompt token."""
+    loops start each row from its last prompt token. eos: the id that ends a row (traced:
+    -1, none, times a decode to max_decode_len in the same program)."""
     sampling = SamplingConfig(temperature, top_k, top_p)
     B = input_ids.shape[0]
-    eos = target.config.eos_id
     if target.decoder_only:
         start = jnp.take_along_axis(input_ids, (lengths - 1)[:, None], 1)[:, 0]  # [B]
         mask = jnp.arange(input_ids.shape[1])[None, :] < lengths[:, None]         # [B, S]
@@ -247,7 +248,7 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
              sampling: Optional[SamplingConfig] = None,
              partitioner: Optional[Partitioner] = None,
              verification: str = "token", draft_stop: Optional[float] = None,
-             adaptive_gamma=False, prompt_lengths=None) -> GenerateOutput:
+             adaptive_gamma=False, prompt_lengths=None, ignore_eos: bool = False) -> GenerateOutput:
     """Decode `input_ids` (int32 [B, S], 0 = pad) with `model`; with a `draft`, speculatively.
     A decoder-only model (GPT-2) continues prompts instead: input_ids are right-padded
     prompts, prompt_lengths [B] their lengths (default: all S; required when rows differ,
@@ -280,8 +281,10 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
     round's maximum; a round drafts the number in 0..gamma that finishes the batch soonest
     (`decoding.loops.choose_gamma`; eq. (5) for one row) at the running acceptance rate of
     the batch's slowest active row (0: a plain target step, where speculation does not pay;
-    the first round drafts if perfect drafts would pay). True measures c, v and v1 here at
-    this batch size and width, once per process (a few seconds).
+    the first round drafts if perfect drafts would pay). True measures c, v, v1 and w here
+    at this batch size and width, once per process (a few seconds).
+    ignore_eos: every row runs to max_decode_len, EOS or not (timing a known amount of work,
+    as `gamma_costs` does; vLLM's option of the name).
     Exact: the choice depends only on earlier rounds."""
     if not isinstance(model, Model):
         raise TypeError(f"model must be a speculative_t5.Model, got {type(model).__name__}")
@@ -291,6 +294,8 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
     if draft is not None:
         draft = check_draft(model, draft)
     draft_stop = check_draft_stop(draft_stop, draft)
+    if not isinstance(ignore_eos, bool):
+        raise TypeError(f"ignore_eos must be a bool, got {ignore_eos!r}")
     if adaptive_gamma is not False and adaptive_gamma is not True:
         adaptive_gamma = check_gamma_costs(adaptive_gamma)
     if adaptive_gamma is not False and draft is None:
@@ -357,6 +362,7 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
     speculative = draft is not None
     tokens, lengths, stats = _generate(
         model, draft, ids, keys, jnp.float32(sampling.temperature),
+        jnp.int32(-1 if ignore_eos else model.config.eos_id),
         None if lengths is None else jnp.asarray(lengths, jnp.int32),
         gamma=gamma if speculative else 0, max_decode_len=max_decode_len,
         top_k=sampling.top_k, top_p=sampling.top_p, lenience=float(lenience),
@@ -380,16 +386,19 @@ def gamma_costs(model: Model, draft, input_ids, gamma: int = 4, max_decode_len: 
                 sampling: SamplingConfig = SamplingConfig(), prompt_lengths=None,
                 partitioner: Optional[Partitioner] = None, rounds: int = 3) -> GammaCosts:
     """Adaptive gamma's c, v, v1 and w as this decode's loop pays them, measured on these
-    inputs: P = a plain decode's seconds per loop iteration, R_g = a fixed-g speculative
-    decode's seconds per round (each the median of `rounds` runs after a compiling one), c =
-    the draft models' one-token steps (timed in compiled loops; 0 without a draft model)
-    over P, w = their (gamma + 1)-token steps (catching up after plain rounds) over P,
-    v = R_gamma / P - gamma c, v1 = R_1 / P - c (rounds of one draft; a line from a
-    plain step to v underrates them where the batch makes the target compute-bound). So the
-    loop's own work (sampling, the accept test, which grow with the batch) is in v, where
-    bare step times would leave it out. Once per process for each pair, input shape and
-    setting; several processes in lock-step all take process 0's figures (each choosing its
-    own would split the program)."""
+    inputs. P = a plain decode's seconds
+    per loop iteration, R_g = a fixed-g speculative decode's seconds per round, each the
+    median of `rounds` runs after a compiling one, every row run to max_decode_len
+    (`ignore_eos`: sampled decodes stop at different lengths, and a short one's set-up
+    weighs on its few rounds -- at batch 1, T = 1 v then moved 1.9-3.2 between inputs);
+    c = the draft models' one-token steps (timed in compiled loops; 0 without a draft
+    model) over P, w = their (gamma + 1)-token steps (catching up after plain rounds) over
+    P, v = R_gamma / P - gamma c, v1 = R_1 / P - c (rounds of one draft; a line from a
+    plain step to v underrates them where the batch makes the target compute-bound). So
+    the loop's own work (sampling, the accept test, which grow with the batch) is in v,
+    where bare step times would leave it out. Once per process for each pair, input shape
+    and setting; several processes in lock-step all take process 0's figures (each
+    choosing its own would split the program)."""
     ids = np.asarray(input_ids)
     key = (id(model.params), id(draft.params) if isinstance(draft, Model) else id(draft),
            ids.shape, gamma, max_decode_len, sampling, partitioner)
@@ -401,7 +410,7 @@ def gamma_costs(model: Model, draft, input_ids, gamma: int = 4, max_decode_len: 
 
     def run(name, **extra):
         def go():
-            outs[name] = generate(model, ids, **kw, **extra)
+            outs[name] = generate(model, ids, ignore_eos=True, **kw, **extra)
             return outs[name].tokens
         return go
     gammas = sorted({1, gamma})

@@ -64,11 +64,12 @@ def test_choose_gamma_follows_eq_5():
     assert int(choose_gamma(jnp.float32(0.9), costs, 8)) == 8
     assert int(choose_gamma(jnp.float32(0.9), costs, 8, remaining=jnp.int32(3))) == 2
     assert int(choose_gamma(jnp.float32(0.9), costs, 8, remaining=jnp.int32(1))) == 0
-    # rows' own rates shrunk toward the pooled one (prior 3 of 4: 7 / 12) by 4 pseudo-drafts;
-    # the least over the active rows: row 0 (4 + 4 * 7/12) / 11, row 1 (0 + 4 * 7/12) / 5
+    # rows' own rates shrunk toward the pooled one (prior 3/4 worth 16 drafts: (4 + 12) /
+    # (8 + 16) = 2/3) by 4 pseudo-drafts; the least over the active rows: row 0
+    # (4 + 4 * 2/3) / 11, row 1 (0 + 4 * 2/3) / 5
     stats = {"accepted_at": jnp.asarray([[3, 1], [0, 0]]),
              "reached_at": jnp.asarray([[4, 3], [1, 0]])}
-    rows = [(4 + 4 * 7 / 12) / 11, (4 * 7 / 12) / 5]
+    rows = [(4 + 4 * 2 / 3) / 11, (4 * 2 / 3) / 5]
     assert float(running_alpha(stats, jnp.asarray([True, True]))) == pytest.approx(rows[1])
     assert float(running_alpha(stats, jnp.asarray([True, False]))) == pytest.approx(rows[0])
 

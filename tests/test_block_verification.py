@@ -241,7 +241,7 @@ def test_block_runs_in_the_one_program_loop(greedy_setup):
 
     def jaxpr(max_len):
         return str(jax.make_jaxpr(lambda t, d, x, r: _generate(
-            t, d, x, r, jnp.float32(0.7), gamma=3, max_decode_len=max_len, top_k=0, top_p=1.0,
+            t, d, x, r, jnp.float32(0.7), jnp.int32(1), gamma=3, max_decode_len=max_len, top_k=0, top_p=1.0,
             lenience=1.0, recompute_cross_attention=False, verification="block"))(
                 target, draft, jnp.asarray(inputs), jax.random.split(jax.random.PRNGKey(0), 8)))
 

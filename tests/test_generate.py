@@ -161,7 +161,7 @@ def test_compiled_once_and_one_while_loop(target, drafts, inputs):
 
     def jaxpr(max_len):
         return str(jax.make_jaxpr(lambda t, d, x, r: _generate(
-            t, d, x, r, jnp.float32(0.7), gamma=3, max_decode_len=max_len, top_k=0, top_p=1.0,
+            t, d, x, r, jnp.float32(0.7), jnp.int32(1), gamma=3, max_decode_len=max_len, top_k=0, top_p=1.0,
             lenience=1.0, recompute_cross_attention=False))(
                 target, drafts["perturbed"], jnp.asarray(inputs),
                 jax.random.split(jax.random.PRNGKey(0), len(inputs))))
@@ -225,3 +225,22 @@ def test_per_row_keys_make_a_row_independent_of_its_batch(target, drafts, inputs
     assert not np.array_equal(other.tokens[0], full.tokens[3])
     with pytest.raises(ValueError, match="one per row"):
         st.generate(target, inputs, max_decode_len=MAX_LEN, temperature=1.0, rng=keys[:3], **kw)
+
+
+def test_ignore_eos_runs_every_row_to_the_end(target, drafts, inputs, plain):
+    """ignore_eos (timing a known amount of work): no row stops at EOS, each row's tokens
+    begin with its usual decode's, speculative greedy still equals plain greedy, and the
+    program is the one the usual decode compiled (the EOS id is traced)."""
+    kw = dict(draft=drafts["perturbed"], gamma=3, max_decode_len=MAX_LEN)
+    st.generate(target, inputs, **kw)
+    before = _generate._cache_size()
+    speculative = st.generate(target, inputs, ignore_eos=True, **kw)
+    assert _generate._cache_size() == before
+    full = st.generate(target, inputs, max_decode_len=MAX_LEN, ignore_eos=True)
+    assert plain.lengths.min() < MAX_LEN and (plain.tokens == 1).any()  # some row ends at EOS
+    assert (full.lengths == MAX_LEN).all() and (speculative.lengths == MAX_LEN).all()
+    np.testing.assert_array_equal(speculative.tokens, full.tokens)
+    for row, n in enumerate(plain.lengths):
+        np.testing.assert_array_equal(full.tokens[row, :n], plain.tokens[row, :n])
+    with pytest.raises(TypeError, match="ignore_eos"):
+        st.generate(target, inputs, ignore_eos="yes")

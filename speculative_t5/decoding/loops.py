@@ -117,9 +117,11 @@ def running_alpha(stats: Dict[str, Array], active: Array) -> Array:
     """The acceptance rate the batch's slowest active row drafts at (a loop runs as long as
     its slowest row): each row's accepted / reached drafts, shrunk toward the batch's pooled
     rate by 4 pseudo-drafts, the least over the active rows [B]. The pooled rate starts from
-    a prior of 3 accepted out of 4, so a short unlucky start does not end speculation."""
+    a prior of 3/4 worth 16 drafts, so a short unlucky start does not end speculation: at
+    batch 1 the pool is the one row, and with the prior worth 4 drafts a decode's first
+    rejections sent it to plain steps it never left (a plain round adds no evidence)."""
     accepted, reached = stats["accepted_at"].sum(1), stats["reached_at"].sum(1)   # [B]
-    pooled = (jnp.sum(accepted) + 3.0) / (jnp.sum(reached) + 4.0)
+    pooled = (jnp.sum(accepted) + 12.0) / (jnp.sum(reached) + 16.0)
     rows = (accepted + 4.0 * pooled) / (reached + 4.0)                           # [B]
     return jnp.min(jnp.where(active, rows, 1.0))
 
