@@ -386,11 +386,11 @@ def gamma_costs(model: Model, draft, input_ids, gamma: int = 4, max_decode_len: 
                 sampling: SamplingConfig = SamplingConfig(), prompt_lengths=None,
                 partitioner: Optional[Partitioner] = None, rounds: int = 3) -> GammaCosts:
     """Adaptive gamma's c, v, v1 and w as this decode's loop pays them, measured on these
-    inputs. P = a plain decode's seconds
-    per loop iteration, R_g = a fixed-g speculative decode's seconds per round, each the
-    median of `rounds` runs after a compiling one, every row run to max_decode_len
-    (`ignore_eos`: sampled decodes stop at different lengths, and a short one's set-up
-    weighs on its few rounds -- at batch 1, T = 1 v then moved 1.9-3.2 between inputs);
+    inputs. P = a plain decode's seconds per loop iteration, R_g = a fixed-g speculative
+    decode's seconds per round, each the median of `rounds` runs after a compiling one,
+    every row run to max_decode_len (`ignore_eos`: sampled decodes stop at different
+    lengths, and a short one's set-up weighs on its few rounds -- at batch 1, T = 1 v moved
+    2.0-3.4 between inputs so, 2.7-3.0 now: `experiments/gamma_costs_spread.py`);
     c = the draft models' one-token steps (timed in compiled loops; 0 without a draft
     model) over P, w = their (gamma + 1)-token steps (catching up after plain rounds) over
     P, v = R_gamma / P - gamma c, v1 = R_1 / P - c (rounds of one draft; a line from a
