@@ -31,7 +31,8 @@ def _block_sample(pair, s, gamma, seed, generate=_generate):
     target, draft = pair
     ids = jnp.asarray(np.repeat(tx.INPUT, N, 0))
     keys = jax.random.split(jax.random.PRNGKey(seed), N)
-    tokens, _, stats = generate(target, draft, ids, keys, jnp.float32(s.temperature), gamma=gamma,
+    tokens, _, stats = generate(target, draft, ids, keys, jnp.float32(s.temperature),
+                                jnp.int32(target.config.eos_id), gamma=gamma,
                                 max_decode_len=tx.STEPS, top_k=s.top_k, top_p=s.top_p,
                                 lenience=1.0, recompute_cross_attention=False,
                                 verification="block")
