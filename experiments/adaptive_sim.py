@@ -17,8 +17,9 @@ relative to plain decoding for each fixed gamma and the rule, and the rule / bes
 
 What this leaves out (why it complements `bench_adaptive.py`, not replaces it): drafts
 accepted independently at a per-input rate (greedy acceptance is deterministic and bursty),
-costs exactly as priced. At T = 1, batch 1 it gave the rule 1.05x plain, 0.905 of the best
-fixed gamma (3), where `bench_adaptive.py` measured 1.05x and 0.885.
+costs exactly as priced. With `--costs 0.048 2.747 1.509 0.130` (T = 1) it gave the rule
+0.909 of the best fixed gamma (3) with commit bec9a0d's prior (4 drafts), 0.937 with 16;
+`bench_adaptive.py` measured 0.885 and 0.853 at batch 1 (costs moving between runs).
 """
 import argparse
 

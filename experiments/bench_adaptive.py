@@ -17,7 +17,7 @@ adaptive / plain: issue #12's bars (>= 0.97 both).
 
 --seeds N: each variant decodes every batch with N row-key seeds, pooled. Sampled outputs'
 lengths differ between variants and seeds (T = 1, batch 1: 949-1159 tokens over the 64
-inputs for four seeds of one decode), and a decode's set-up is paid per input whatever its
+inputs for four seeds of one plain decode, a one-off count), and a decode's set-up is paid per input whatever its
 length, so one seed's tokens per second move by a few percent from sampling alone -- as
 much as the differences measured -- and the best of six such fixed gammas is biased up.
 """
