@@ -2,33 +2,42 @@
 no timing noise.
 
     python experiments/adaptive_sim.py [--temperature 1] [--seeds 4] [--reps 20]
-        [--costs C V V1 W] [--shift 0]
+        [--costs C V V1 W] [--shift 0] [--cache FILE.npz]
 
 Measured once on the shipped demo pair (64 held-out inputs, gamma 8, max_decode_len 64,
 `--seeds` sampled decodes of each): each input's acceptance rate (accepted / reached drafts,
 pooled over its decodes) and each decode's length. Then `--reps` simulated decodes per
 measured one: a row that needs that many tokens, each draft accepted with its input's rate;
-a round of g drafts costs g c + its width's verify pass (+ the catch-up after plain rounds),
-as `decoding.loops.choose_gamma` prices it, a plain round 1, and every decode a set-up of
+a round costs what `decoding.loops.round_costs` prices (g c + its width's verify pass + the
+catch-up after plain rounds), a plain round 1, and every decode a set-up of
 `--setup` plain steps. The adaptive rows choose with the real `choose_gamma` and
-`running_alpha`; the costs are `st.gamma_costs`' on the first input (or `--costs`).
-`--shift` moves every rate (e.g. +0.2: a greedy-like pair). Prints tokens per plain step
-relative to plain decoding for each fixed gamma and the rule, and the rule / best fixed.
+`running_alpha` as the loop calls them; the costs are `st.gamma_costs`' on the first
+input, or `--costs`. `--shift` moves every rate (e.g.
++0.2: a greedy-like pair). Prints tokens per plain step relative to plain decoding for
+each fixed gamma and the rule, and the rule / best fixed; also the rule told each decode's
+true remaining length instead of the budget (a bound on what pricing the end of a decode
+could gain), and told E[L - m | L > m] over all the measured lengths (a length prior).
 
 What this leaves out (why it complements `bench_adaptive.py`, not replaces it): drafts
 accepted independently at a per-input rate (greedy acceptance is deterministic and bursty),
-costs exactly as priced. With `--costs 0.048 2.747 1.509 0.130` (T = 1) it gave the rule
-0.909 of the best fixed gamma (3) with commit bec9a0d's prior (4 drafts), 0.937 with 16;
-`bench_adaptive.py` measured 0.885 and 0.853 at batch 1 (costs moving between runs).
+costs exactly as priced. `--cache` keeps what was measured for the next run.
+Rule / best fixed gamma (3) at T = 1 with `--costs 0.048 2.747 1.509 0.130`: 0.909 with
+commit bec9a0d's prior (worth 4 drafts), 0.937 worth 16 (`bench_adaptive.py` measured 0.885
+and 0.853 at batch 1, its costs moving between runs). Told the end 0.985 (the bound), told
+E[end] 0.943 (2026-12-03): a length prior is worth little here. Its independent draws can
+mislead: a first round at the prior's count instead of 8 drafts scored 0.956 here (a
+one-off run with that rule in the loop) and lost on real decodes
+(`adaptive_replay.py --first_round_alpha`).
 """
 import argparse
+import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import speculative_t5 as st
-from speculative_t5.decoding.loops import adaptive_widths, choose_gamma, running_alpha
+from speculative_t5.decoding.loops import adaptive_widths, choose_gamma, round_costs, running_alpha
 from speculative_t5.experiments.cells import demo_examples
 
 GAMMA, MAX_LEN = 8, 64
@@ -53,12 +62,18 @@ def measure(temperature: float, seeds: int):
     return np.array([rate[i] for i, _ in lengths]), np.array([n for _, n in lengths]), costs
 
 
-def simulate(alphas, need, costs, setup: float, fixed=None, seed: int = 0):
-    """Tokens per plain step over the decodes (each row alone: batch 1)."""
-    c, v, v1, w = costs
+def simulate(alphas, need, costs, setup: float, fixed=None, seed: int = 0, told_end=False,
+             expected_end=False):
+    """Tokens per plain step over the decodes (each row alone: batch 1). told_end: the rule
+    is told the tokens each decode still needs, not the budget left (a bound on what
+    pricing a decode's end could gain). expected_end: told E[L - m | L > m] over all the
+    measured lengths L (a length prior a calibration could measure)."""
     widths = adaptive_widths(GAMMA)
-    width = np.array([0] + [min(x for x in widths if x >= g) for g in range(1, GAMMA + 1)])
-    cost_vec = jnp.asarray([c, v, v1, w], jnp.float32)
+    cost_vec = jnp.asarray(costs, jnp.float32)
+    fixed_cost = None if fixed is None else float(round_costs(cost_vec, GAMMA, (fixed,))[fixed])
+
+    lengths = np.arange(MAX_LEN + 1)
+    tail = np.array([np.mean(need[need > k] - k) if (need > k).any() else 1.0 for k in lengths])
 
     def rule(acc, reached, left, idle, first):  # one row's choice, as the loop makes it
         stats = {"accepted_at": acc[None, None], "reached_at": reached[None, None]}
@@ -74,14 +89,13 @@ def simulate(alphas, need, costs, setup: float, fixed=None, seed: int = 0):
         active = m < need
         if fixed is None:
             g = np.asarray(choose(jnp.asarray(acc), jnp.asarray(reached),
-                                  jnp.asarray(MAX_LEN - m, jnp.float32), jnp.asarray(idle),
+                                  jnp.asarray(np.ceil(tail[m]) if expected_end else (need if told_end else MAX_LEN) - m,
+                                              jnp.float32), jnp.asarray(idle),
                                   jnp.asarray(first)))
-            wd = width[g]
-            catch = np.where(idle > 0, np.ceil((idle + 2) / (GAMMA + 1)) * w - c, 0.0)
+            priced = np.asarray(round_costs(cost_vec, GAMMA, widths, jnp.asarray(idle)))  # [R, G+1]
+            round_cost = priced[np.arange(R), g]
         else:
-            g, wd, catch = np.full(R, fixed), np.full(R, fixed), 0.0
-        verify = v1 + (v - v1) * (np.maximum(wd, 1) - 1) / (GAMMA - 1)
-        round_cost = np.where(g == 0, 1.0, g * c + verify + catch)
+            g, round_cost = np.full(R, fixed), fixed_cost
         j = np.minimum(rng.geometric(1.0 - alphas) - 1, g)                    # accepted
         total += np.where(active, round_cost, 0.0)
         acc += np.where(active, j, 0)
@@ -101,9 +115,17 @@ def main():
                         help="a decode's set-up in plain steps (demo pair, batch 1: ~2.7)")
     parser.add_argument("--costs", type=float, nargs=4, default=None, metavar=("C", "V", "V1", "W"))
     parser.add_argument("--shift", type=float, default=0.0)
+    parser.add_argument("--cache", default=None, help="an .npz keeping what was measured")
     args = parser.parse_args()
-    rates, lengths, measured = measure(args.temperature, args.seeds)
-    costs = tuple(args.costs) if args.costs else tuple(measured.resolved(GAMMA))
+    if args.cache and os.path.exists(args.cache):
+        z = np.load(args.cache)
+        rates, lengths, measured = z["rates"], z["lengths"], st.GammaCosts(*z["costs"])
+    else:
+        rates, lengths, measured = measure(args.temperature, args.seeds)
+        if args.cache:
+            np.savez(args.cache, rates=rates, lengths=lengths,
+                     costs=np.asarray(measured.resolved(GAMMA), float))
+    costs = tuple((st.GammaCosts(*args.costs) if args.costs else measured).resolved(GAMMA))
     alphas = np.clip(np.tile(rates, args.reps) + args.shift, 0.0, 0.995)
     need = np.tile(lengths, args.reps)
     plain = need.sum() / (need.sum() + len(need) * args.setup)
@@ -114,10 +136,16 @@ def main():
     result = {f"gamma {g}": simulate(alphas, need, costs, args.setup, g) / plain
               for g in range(1, GAMMA + 1)}
     result["adaptive"] = simulate(alphas, need, costs, args.setup) / plain
-    best = max((k for k in result if k != "adaptive"), key=result.get)
+    result["adaptive told the end"] = simulate(alphas, need, costs, args.setup,
+                                               told_end=True) / plain
+    result["adaptive told E[end]"] = simulate(alphas, need, costs, args.setup,
+                                              expected_end=True) / plain
+    best = max((k for k in result if k.startswith("gamma")), key=result.get)
     for k, x in result.items():
         print(f"| {k} | {x:.3f}x plain |", flush=True)
-    print(f"best fixed {best}; adaptive / best fixed {result['adaptive'] / result[best]:.3f}")
+    print(f"best fixed {best}; adaptive / best fixed {result['adaptive'] / result[best]:.3f}, "
+          f"told the end {result['adaptive told the end'] / result[best]:.3f}, "
+          f"told E[end] {result['adaptive told E[end]'] / result[best]:.3f}")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import test_drafts as td
 import test_exactness as tx
 import test_generate as tg
 from speculative_t5.decoding import loops
-from speculative_t5.decoding.loops import adaptive_widths, choose_gamma, running_alpha
+from speculative_t5.decoding.loops import adaptive_widths, choose_gamma, round_costs, running_alpha
 
 # c, v that give, on the V=8 pair at this seed, plain rounds and drafting rounds in one
 # decode (token-wise: 0, 1 and 3 drafts; block: 0 and 2)
@@ -56,6 +56,12 @@ def test_choose_gamma_follows_eq_5():
     for idle, want in ((0, 4), (1, 4), (44, 0)):
         assert int(choose_gamma(jnp.float32(0.7), costs, 8, widths=adaptive_widths(8),
                                 idle=jnp.int32(idle))) == want, idle
+    # round_costs, per row: [0, 44] idle rounds -> [2, 9]; g=2 0.1 + 1.8 = 1.9, g=3 (width 4)
+    # 0.15 + 1.6 + 1.4 x 3 / 7 = 2.35, g=8 0.4 + 3 = 3.4; idle 44 adds 1.15 to each drafting g
+    priced = np.asarray(round_costs(costs, 8, adaptive_widths(8), jnp.asarray([0, 44])))
+    want = np.asarray([1.0, 0.05 + 1.6, 1.9, 2.35, 2.4, 0.25 + 3.0, 0.3 + 3.0, 0.35 + 3.0, 3.4])
+    np.testing.assert_allclose(priced, [want, np.where(np.arange(9) > 0, want + 1.15, 1.0)],
+                               rtol=1e-5)
     assert st.GammaCosts(0.05, 3.0).resolved(8).w == 0.05      # unmeasured: as dear as c
     # a round gives at most the tokens left: alpha 0.9, c 0.05, v 1, 3 left: g=2 2.71 / 1.1
     # = 2.46, g=3 (1 x .1 + 2 x .09 + 3 x .81 = 2.71) / 1.15 = 2.36 -> 2 (uncapped: 8);

@@ -71,16 +71,29 @@ def adaptive_widths(gamma: int) -> Tuple[int, ...]:
     return tuple(sorted({gamma >> k for k in range(gamma.bit_length())} - {0}))
 
 
+def round_costs(costs: Array, gamma: int, widths: Tuple[int, ...] = (), idle: Any = 0) -> Array:
+    """What a round drafting g = 0..gamma costs, in plain steps [..., G+1] (idle [...]):
+    a plain step 1; else g c + the verify pass of the narrowest width in `widths` (and
+    gamma) that holds g, v1 + (v - v1)(width - 1)/(gamma - 1), + the draft model's catch-up
+    after `idle` plain rounds: (idle + 2) positions in (gamma + 1)-token feeds of w each,
+    in place of one draft step c. costs: [c, v, v1, w] (`GammaCosts.resolved`)."""
+    ws = sorted(set(widths) | {gamma})
+    width = jnp.asarray([min(w for w in ws if w >= i) for i in range(gamma + 1)], jnp.float32)
+    c, v, v1, w = costs[0], costs[1], costs[2], costs[3]
+    verify = v1 + (v - v1) * (width - 1.0) / max(gamma - 1, 1)                # [G+1]
+    idle = jnp.asarray(idle, jnp.float32)[..., None]                          # [..., 1]
+    feeds = jnp.ceil((idle + 2.0) / (gamma + 1))                              # catch-up chunks
+    catch_up = jnp.where(idle > 0, feeds * w - c, 0.0)                        # [..., 1]
+    g = jnp.arange(gamma + 1, dtype=jnp.float32)                              # [G+1]
+    return jnp.where(g == 0, 1.0, g * c + verify + catch_up)                  # [..., G+1]
+
+
 def choose_gamma(alpha: Array, costs: Array, gamma: int, rows: Any = 1,
                  remaining: Any = None, widths: Tuple[int, ...] = (), idle: Any = 0) -> Array:
     """The round's gamma in 0..gamma that finishes the batch soonest per unit of target
-    time. costs: [c, v, v1, w] (`GammaCosts.resolved`), v for the verify pass over gamma + 1
-    tokens, v1 over 2; a round of width w (`widths`, default only gamma) verifies w + 1
-    tokens for v1 + (v - v1)(w - 1)/(gamma - 1); a plain step (g = 0) costs 1 and gives
-    every row 1 token. After `idle` plain rounds a draft model is up to idle + 2 positions
-    behind and catches up in (gamma + 1)-token feeds (w each) before it drafts: the round
-    that resumes drafting pays them (at batch 64 here, 44 plain rounds cost ~1.4 plain
-    steps of catching up).
+    time, each count priced by `round_costs` (a plain step, g = 0, costs 1 and gives every
+    row 1 token; the round that resumes drafting after `idle` plain rounds pays the draft
+    model's catch-up: at batch 64 here, 44 plain rounds cost ~1.4 plain steps of it).
 
     One row (rows = 1) is eq. (5): the most expected tokens per unit of time,
     (1 - alpha^(g+1)) / ((1 - alpha)(g c + v)). A batch runs until its slowest row is
@@ -103,13 +116,7 @@ def choose_gamma(alpha: Array, costs: Array, gamma: int, rows: Any = 1,
     k = jnp.maximum(jnp.asarray(rows, jnp.float32), 1.0)
     z = jax.scipy.special.ndtri((k - 0.375) / (k + 0.25))                     # 0 for one row
     pace = jax.lax.cummax(jnp.maximum(mean - z * spread * jnp.sqrt(mean / left), 1.0))
-    ws = sorted(set(widths) | {gamma})
-    width = jnp.asarray([min(w for w in ws if w >= i) for i in range(gamma + 1)], jnp.float32)
-    c, v, v1, w = costs[0], costs[1], costs[2], costs[3]
-    verify = v1 + (v - v1) * (width - 1.0) / max(gamma - 1, 1)                # [G+1]
-    feeds = jnp.ceil((jnp.asarray(idle, jnp.float32) + 2.0) / (gamma + 1))    # catch-up chunks
-    catch_up = jnp.where(jnp.asarray(idle) > 0, feeds * w - c, 0.0)          # in place of a step
-    cost = jnp.where(g[:, 0] == 0, 1.0, g[:, 0] * c + verify + catch_up)
+    cost = round_costs(costs, gamma, widths, idle)                            # [G+1]
     return (gamma - jnp.argmax((pace / cost)[::-1])).astype(jnp.int32)
 
 
