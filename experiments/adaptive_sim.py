@@ -12,11 +12,11 @@ a round costs what `decoding.loops.round_costs` prices (g c + its width's verify
 catch-up after plain rounds), a plain round 1, and every decode a set-up of
 `--setup` plain steps. The adaptive rows choose with the real `choose_gamma` and
 `running_alpha` as the loop calls them; the costs are `st.gamma_costs`' on the first
-input, or `--costs`. `--shift` moves every rate (e.g.
-+0.2: a greedy-like pair). Prints tokens per plain step relative to plain decoding for
-each fixed gamma and the rule, and the rule / best fixed; also the rule told each decode's
-true remaining length instead of the budget (a bound on what pricing the end of a decode
-could gain), and told E[L - m | L > m] over all the measured lengths (a length prior).
+input, or `--costs`. `--shift` moves every rate (e.g. +0.2: a greedy-like pair). Prints
+tokens per plain step relative to plain decoding for each fixed gamma and the rule, and
+the rule / best fixed; also the rule told each decode's true remaining length instead of
+the budget (a bound on what pricing the end of a decode could gain), and told
+E[L - m | L > m] over all the measured lengths (a length prior).
 
 What this leaves out (why it complements `bench_adaptive.py`, not replaces it): drafts
 accepted independently at a per-input rate (greedy acceptance is deterministic and bursty),
@@ -72,8 +72,8 @@ def simulate(alphas, need, costs, setup: float, fixed=None, seed: int = 0, told_
     cost_vec = jnp.asarray(costs, jnp.float32)
     fixed_cost = None if fixed is None else float(round_costs(cost_vec, GAMMA, (fixed,))[fixed])
 
-    lengths = np.arange(MAX_LEN + 1)
-    tail = np.array([np.mean(need[need > k] - k) if (need > k).any() else 1.0 for k in lengths])
+    tail = np.array([np.mean(need[need > k] - k) if (need > k).any() else 1.0
+                     for k in range(MAX_LEN + 1)])                            # E[L - k | L > k]
 
     def rule(acc, reached, left, idle, first):  # one row's choice, as the loop makes it
         stats = {"accepted_at": acc[None, None], "reached_at": reached[None, None]}
@@ -88,9 +88,9 @@ def simulate(alphas, need, costs, setup: float, fixed=None, seed: int = 0, told_
     while (m < need).any():
         active = m < need
         if fixed is None:
+            left = np.ceil(tail[m]) if expected_end else (need if told_end else MAX_LEN) - m
             g = np.asarray(choose(jnp.asarray(acc), jnp.asarray(reached),
-                                  jnp.asarray(np.ceil(tail[m]) if expected_end else (need if told_end else MAX_LEN) - m,
-                                              jnp.float32), jnp.asarray(idle),
+                                  jnp.asarray(left, jnp.float32), jnp.asarray(idle),
                                   jnp.asarray(first)))
             priced = np.asarray(round_costs(cost_vec, GAMMA, widths, jnp.asarray(idle)))  # [R, G+1]
             round_cost = priced[np.arange(R), g]
