@@ -15,11 +15,12 @@ Prints tokens per plain step relative to plain for each, and the rule / best fix
 --first_round_alpha A: also replay the rule with the first round chosen at alpha A instead of
 as if every draft were accepted (where A gives 0, still so), a variant kept here because the
 noise-free simulation favoured it and real decodes do not: with the costs of one batch-1 and
-one batch-8 `bench_adaptive.py` calibration at T = 1 (A = 0.74, the pair's measured rate) it
-gave 1.201x vs the rule's 1.223x plain at batch 1 and 1.177x vs 1.226x at batch 8 (one-off
-runs of an earlier version of this script, 2026-12-03): fewer drafts judged in the first
-round left the running estimate thinner, and more rounds fell to plain steps, which add no
-evidence.
+one batch-8 `bench_adaptive.py` calibration at T = 1 (`--costs 0.049 2.772 1.486 0.119
+--batch 1 --first_round_alpha 0.735` and `--costs 0.055 2.812 1.497 0.167 --batch 8
+--first_round_alpha 0.741`, the pair's measured rates) it gave 1.204x vs the rule's 1.223x
+plain at batch 1 (0.944 vs 0.959 of the best fixed gamma) and 1.186x vs 1.226x at batch 8
+(0.913 vs 0.943), 2026-12-03: fewer drafts judged in the first round left the running
+estimate thinner, and more rounds fell to plain steps, which add no evidence.
 """
 import argparse
 
@@ -30,6 +31,7 @@ import numpy as np
 import speculative_t5 as st
 from speculative_t5.decoding import loops
 from speculative_t5.experiments.cells import demo_examples
+from bench_drafts import batches_of  # the inputs batched as the benchmarks batch them
 
 GAMMA, MAX_LEN = 8, 64
 
@@ -44,12 +46,7 @@ def main():
     args = parser.parse_args()
     target, draft, vocab = st.load_demo()
     examples = sorted(demo_examples(num_examples=64, vocabulary=vocab), key=lambda e: len(e["inputs"]))
-    batches = []
-    for i in range(0, len(examples), args.batch):
-        chunk = examples[i:i + args.batch]
-        width = -(-max(len(e["inputs"]) for e in chunk) // 32) * 32
-        batches.append(st.data.pad_rows(st.data.pad_to([e["inputs"] for e in chunk], width),
-                                        args.batch))                             # [B, W]
+    batches = [st.data.pad_rows(x, args.batch) for x in batches_of(examples, args.batch)]  # [B, W]
     costs = jnp.asarray(args.costs, jnp.float32)
     priced = np.asarray(loops.round_costs(costs, GAMMA, loops.adaptive_widths(GAMMA)))  # [G+1]
 
