@@ -30,6 +30,7 @@ import numpy as np
 import speculative_t5 as st
 from speculative_t5.experiments.cells import demo_examples
 from speculative_t5.measure.timing import interleaved_medians
+from bench_drafts import batches_of  # the inputs batched as the benchmarks batch them
 
 MAX_LEN = 64
 
@@ -59,13 +60,9 @@ def main():
     print("| batch | decode | tokens/s vs plain | tokens | tokens / target call | rounds by "
           "drafts proposed | ms / iteration |", flush=True)
     for B in args.batches:
-        jax.clear_caches()  # each batch size compiles ~50 programs: free the last one's, or
-        batches = []        # the CPU JIT runs out of memory maps (vm.max_map_count) by batch 32
-        for i in range(0, len(examples), B):
-            chunk = examples[i:i + B]
-            width = -(-max(len(e["inputs"]) for e in chunk) // 32) * 32
-            batches.append(st.data.pad_rows(st.data.pad_to([e["inputs"] for e in chunk],
-                                                           width), B))         # [B, W]
+        jax.clear_caches()  # each batch size compiles ~50 programs: free the last one's
+        # (the CPU JIT runs out of memory maps, vm.max_map_count, by batch 32)
+        batches = [st.data.pad_rows(x, B) for x in batches_of(examples, B)]    # [B, W]
         results = {}
 
         def runner(name, kw):

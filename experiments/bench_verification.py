@@ -20,13 +20,7 @@ import numpy as np
 import speculative_t5 as st
 from speculative_t5.experiments.cells import demo_examples
 from speculative_t5.measure.timing import interleaved_medians
-
-
-def batches(examples, size):
-    for i in range(0, len(examples), size):
-        chunk = examples[i:i + size]
-        width = max(len(e["inputs"]) for e in chunk)
-        yield st.data.pad_to([e["inputs"] for e in chunk], -(-width // 32) * 32)
+from bench_drafts import batches_of  # the inputs batched as the benchmarks batch them
 
 
 def main():
@@ -49,7 +43,7 @@ def main():
     for temperature in (0.0, 1.0):
         for gamma in args.gammas:
             for batch in args.batches:
-                inputs = list(batches(examples, batch))
+                inputs = batches_of(examples, batch)
                 seeds = range(args.samples if temperature else 1)
 
                 def run(verification):
