@@ -70,14 +70,25 @@ def test_choose_gamma_follows_eq_5():
     assert int(choose_gamma(jnp.float32(0.9), costs, 8)) == 8
     assert int(choose_gamma(jnp.float32(0.9), costs, 8, remaining=jnp.int32(3))) == 2
     assert int(choose_gamma(jnp.float32(0.9), costs, 8, remaining=jnp.int32(1))) == 0
-    # rows' own rates shrunk toward the pooled one (prior 3/4 worth 16 drafts: (4 + 12) /
-    # (8 + 16) = 2/3) by 4 pseudo-drafts; the least over the active rows: row 0
-    # (4 + 4 * 2/3) / 11, row 1 (0 + 4 * 2/3) / 5
-    stats = {"accepted_at": jnp.asarray([[3, 1], [0, 0]]),
-             "reached_at": jnp.asarray([[4, 3], [1, 0]])}
-    rows = [(4 + 4 * 2 / 3) / 11, (4 * 2 / 3) / 5]
-    assert float(running_alpha(stats, jnp.asarray([True, True]))) == pytest.approx(rows[1])
-    assert float(running_alpha(stats, jnp.asarray([True, False]))) == pytest.approx(rows[0])
+    # rows' own rates shrunk toward the pooled one (prior 3/4 worth 16 drafts) by k drafts,
+    # k = p(1 - p) / tau^2 (at least 4), tau^2 the between-row variance beyond chance; the
+    # least over the active rows. Rows that differ by chance: accepted/reached 3/4 and 2/4
+    # pool to p = (5 + 12) / (8 + 16) = 17/24; spread 4 (3/4 - p)^2 + 4 (2/4 - p)^2 = 0.181
+    # is below chance, (2 - 1) p (1 - p) = 0.207, so tau^2 = 0 and every row is p (a row
+    # with nothing reached yet too); 4 pseudo-drafts would give (2 + 4p) / 8 = 0.604
+    stats = {"accepted_at": jnp.asarray([[3, 0], [1, 1], [0, 0]]),
+             "reached_at": jnp.asarray([[3, 1], [2, 2], [0, 0]])}
+    on = jnp.asarray([True, True, True])
+    assert float(running_alpha(stats, on)) == pytest.approx(17 / 24, rel=1e-4)
+    # rows that truly differ: 10/10 and 0/10 pool to p = 22/36; spread 10 (1 - p)^2 + 10 p^2
+    # = 1700/324, chance 77/324, dof 20 - 200/20 = 10: tau^2 = 1623/3240, k = (77/324) /
+    # tau^2 = 0.47 -> 4; the slower row (0 + 4p) / 14. One active row is its pooled rate.
+    stats = {"accepted_at": jnp.asarray([[6, 4], [0, 0]]),
+             "reached_at": jnp.asarray([[6, 4], [8, 2]])}
+    p = 22 / 36
+    assert float(running_alpha(stats, on[:2])) == pytest.approx(4 * p / 14)
+    assert float(running_alpha(stats, jnp.asarray([True, False]))) == pytest.approx(22 / 26,
+                                                                                   rel=1e-4)
 
 
 def _loop_time(alpha, c, v, g, rows, need, reps=1000):
