@@ -19,8 +19,10 @@ one batch-8 `bench_adaptive.py` calibration at T = 1 (`--costs 0.049 2.772 1.486
 --batch 1 --first_round_alpha 0.735` and `--costs 0.055 2.812 1.497 0.167 --batch 8
 --first_round_alpha 0.741`, the pair's measured rates) it gave 1.204x vs the rule's 1.223x
 plain at batch 1 (0.944 vs 0.959 of the best fixed gamma) and 1.186x vs 1.226x at batch 8
-(0.913 vs 0.943), 2026-12-03: fewer drafts judged in the first round left the running
-estimate thinner, and more rounds fell to plain steps, which add no evidence.
+(0.913 vs 0.943), 2026-12-03, with commit 951cdf3's acceptance estimate: fewer drafts
+judged in the first round left the running estimate thinner, and more rounds fell to plain
+steps, which add no evidence. The rule now (rows shrunk by a strength estimated from the
+rows), the same commands without the flag, 2026-12-04: 0.966 at batch 1, 1.013 at batch 8.
 """
 import argparse
 
