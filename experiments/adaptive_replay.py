@@ -22,7 +22,8 @@ plain at batch 1 (0.944 vs 0.959 of the best fixed gamma) and 1.186x vs 1.226x a
 (0.913 vs 0.943), 2026-12-03, with commit 951cdf3's acceptance estimate: fewer drafts
 judged in the first round left the running estimate thinner, and more rounds fell to plain
 steps, which add no evidence. The rule now (rows shrunk by a strength estimated from the
-rows), the same commands without the flag, 2026-12-04: 0.966 at batch 1, 1.013 at batch 8.
+rows), the same commands without the flag, 2026-12-04: 0.966 at batch 1, 1.013 at batch 8;
+with `--first_round_alpha 0.75` (the loop's prior) 0.977 and 0.924.
 """
 import argparse
 
