@@ -136,12 +136,12 @@ def running_alpha(stats: Dict[str, Array], active: Array) -> Array:
     reached = stats["reached_at"].sum(1).astype(jnp.float32)                      # [B]
     seen = active & (reached > 0)
     a, r = jnp.where(seen, accepted, 0.0), jnp.where(seen, reached, 0.0)          # [B]
-    pooled = (jnp.sum(a) + 12.0) / (jnp.sum(r) + 16.0)
-    total = jnp.sum(r)
+    n, total = jnp.sum(seen), jnp.sum(r)
+    pooled = (jnp.sum(a) + 12.0) / (total + 16.0)
     spread = jnp.sum(r * (a / jnp.maximum(r, 1.0) - pooled) ** 2)    # ~ chance + tau^2 dof
-    chance = (jnp.sum(seen) - 1.0) * pooled * (1.0 - pooled)
-    dof = total - jnp.sum(r ** 2) / jnp.maximum(total, 1.0)          # 0: one row seen
-    tau2 = jnp.where(dof > 0, jnp.maximum(spread - chance, 0.0) / jnp.maximum(dof, 1e-6), 0.0)
+    chance = (n - 1.0) * pooled * (1.0 - pooled)
+    dof = total - jnp.sum(r ** 2) / jnp.maximum(total, 1.0)          # > 0 once n > 1
+    tau2 = jnp.where(n > 1, jnp.maximum(spread - chance, 0.0) / jnp.maximum(dof, 1e-6), 0.0)
     k = jnp.clip(pooled * (1.0 - pooled) / jnp.maximum(tau2, 1e-9), 4.0, 1e6)
     rows = (accepted + k * pooled) / (reached + k)                                # [B]
     return jnp.min(jnp.where(active, rows, 1.0))
