@@ -26,10 +26,9 @@ commit bec9a0d's prior (worth 4 drafts), 0.937 worth 16 (`bench_adaptive.py` mea
 and 0.853 at batch 1, its costs moving between runs); told the end 0.985 (the bound), told
 E[end] 0.943 (2026-12-03). With the rows' shrinkage estimated from the rows (one row: its
 pooled rate), 2026-12-04: 0.960, told the end 1.012, told E[end] 0.961: a length prior is
-worth little here. Its independent draws can
-mislead: a first round at the prior's count instead of 8 drafts scored 0.956 here (a
-one-off run with that rule in the loop) and lost on real decodes
-(`adaptive_replay.py --first_round_alpha`).
+worth little here. Its independent draws can mislead: a first round at the prior's count
+instead of 8 drafts scored 0.956 here (a one-off run with that rule in the loop) and lost on
+real decodes (`adaptive_replay.py --first_round_alpha`).
 """
 import argparse
 import os
