@@ -13,8 +13,8 @@ lengths (the marginal round, what a choice between round sizes trades).
 2026-12-04, nothing else running, `--input 20`: gamma 1 1.39 vs 1.30, gamma 3 1.84 vs 1.59,
 gamma 8 3.14 vs 2.75 plain steps; a plain step 1.55 ms (slope 1.47 ms), set-up ~5.0 ms (about
 3.4 plain steps): the total-over-rounds price is 7-16% dear, more so the longer the round (a
-one-off version minutes earlier: 4-13%). Not yet acted on: `gamma_costs` still prices by
-total / rounds.
+one-off version minutes earlier: 4-13%). Acted on: `gamma_costs` now prices a round by
+the slope between decodes to max_decode_len // 4 and max_decode_len, as here.
 """
 import argparse
 

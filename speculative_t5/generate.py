@@ -387,36 +387,49 @@ def gamma_costs(model: Model, draft, input_ids, gamma: int = 4, max_decode_len: 
                 partitioner: Optional[Partitioner] = None, rounds: int = 3) -> GammaCosts:
     """Adaptive gamma's c, v, v1 and w as this decode's loop pays them, measured on these
     inputs. P = a plain decode's seconds per loop iteration, R_g = a fixed-g speculative
-    decode's seconds per round, each the median of `rounds` runs after a compiling one,
-    every row run to max_decode_len (`ignore_eos`: sampled decodes stop at different
-    lengths, and a short one's set-up weighs on its few rounds -- at batch 1, T = 1 v moved
-    2.0-3.4 between inputs so, 2.7-3.0 now: `experiments/gamma_costs_spread.py`);
-    c = the draft models' one-token steps (timed in compiled loops; 0 without a draft
-    model) over P, w = their (gamma + 1)-token steps (catching up after plain rounds) over
-    P, v = R_gamma / P - gamma c, v1 = R_1 / P - c (rounds of one draft; a line from a
-    plain step to v underrates them where the batch makes the target compute-bound). So
-    the loop's own work (sampling, the accept test, which grow with the batch) is in v,
-    where bare step times would leave it out. Once per process for each pair, input shape
-    and setting; several processes in lock-step all take process 0's figures (each
-    choosing its own would split the program)."""
+    decode's seconds per round, each the slope between decodes to max_decode_len // 4 and
+    to max_decode_len tokens (the added seconds over the added rounds; medians of `rounds`
+    runs after a compiling one; every row run to its length, `ignore_eos`). The slope is a
+    round's marginal price, what a choice between round sizes trades: a decode's total over
+    its rounds also charges its set-up (encoder, caches, the host round trip; ~3.4 plain
+    steps at batch 1 on the demo pair) to them, the more the fewer and longer they are --
+    7-16% dear, `experiments/gamma_costs_slope.py`. Below 16 tokens the one length's total
+    over its rounds is used. c = the draft models' one-token steps (timed in compiled
+    loops; 0 without a draft model) over P, w = their (gamma + 1)-token steps (catching up
+    after plain rounds) over P, v = R_gamma / P - gamma c, v1 = R_1 / P - c (rounds of one
+    draft; a line from a plain step to v underrates them where the batch makes the target
+    compute-bound). So the loop's own work (sampling, the accept test, which grow with the
+    batch) is in v, where bare step times would leave it out. Once per process for each
+    pair, input shape and setting; several processes in lock-step all take process 0's
+    figures (each choosing its own would split the program)."""
     ids = np.asarray(input_ids)
     key = (id(model.params), id(draft.params) if isinstance(draft, Model) else id(draft),
            ids.shape, gamma, max_decode_len, sampling, partitioner)
     if key in _MEASURED:
         return _MEASURED[key]
-    kw = dict(max_decode_len=max_decode_len, sampling=sampling, prompt_lengths=prompt_lengths,
-              partitioner=partitioner)
+    kw = dict(sampling=sampling, prompt_lengths=prompt_lengths, partitioner=partitioner)
     outs = {}
 
-    def run(name, **extra):
+    def run(name, length, **extra):
         def go():
-            outs[name] = generate(model, ids, ignore_eos=True, **kw, **extra)
-            return outs[name].tokens
+            outs[name, length] = generate(model, ids, ignore_eos=True, **kw, **extra,
+                                          max_decode_len=length)
+            return outs[name, length].tokens
         return go
     gammas = sorted({1, gamma})
-    seconds = interleaved_medians({"plain": run("plain"), **{
-        f"gamma {g}": run(f"gamma {g}", draft=draft, gamma=g) for g in gammas}}, rounds)
-    per = {k: seconds[k] / max(int(outs[k].stats["target_calls"].max()), 1) for k in seconds}
+    lengths = (max_decode_len // 4, max_decode_len) if max_decode_len >= 16 else (max_decode_len,)
+    decodes = {"plain": {}, **{f"gamma {g}": dict(draft=draft, gamma=g) for g in gammas}}
+    seconds = interleaved_medians({(k, n): run(k, n, **extra) for k, extra in decodes.items()
+                                   for n in lengths}, rounds)
+    rounds_ = {k: max(int(outs[k].stats["target_calls"].max()), 1) for k in outs}
+    short, long = lengths[0], lengths[-1]
+
+    def per_round(k):  # seconds a round: the slope between the lengths, else total / rounds
+        added = rounds_[k, long] - rounds_[k, short]
+        if added > 0 and seconds[k, long] > seconds[k, short]:
+            return (seconds[k, long] - seconds[k, short]) / added
+        return seconds[k, long] / rounds_[k, long]
+    per = {k: per_round(k) for k in decodes}
     c = w = 0.0
     drafts = draft_models(draft)
     if drafts:

@@ -6,6 +6,8 @@ Exact by enumeration at T = 1 (token-wise and block, rounds of 0, 1 and gamma dr
 decode); greedy identical to plain with a model draft and with a fallback whose model
 catches up after plain rounds; with free speculation it is the fixed-gamma decode, key for
 key; with prohibitive costs it is a plain decode; eq. (5)'s choice checked by hand."""
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -247,6 +249,40 @@ def test_adaptive_greedy_equals_plain(td_greedy_case, gamma):
             assert hist[0] == hist.sum() and out.stats["draft_calls"].sum() == 0
         else:                      # plain rounds and drafting rounds
             assert hist[0] > 0 and hist[1:].sum() > 0, (name, hist)
+
+
+def test_measured_costs_price_rounds_by_the_slope(monkeypatch):
+    """gamma_costs prices a round by the seconds added over the rounds added between decodes
+    to max_decode_len // 4 and max_decode_len, so a decode's set-up is not charged to its
+    rounds; below 16 tokens, by one decode's total over its rounds. The clock here is
+    synthetic: 10 ms of set-up plus a known price per round (target calls as the decode
+    counted them), 0.2 / 0.4 ms for the draft's one- and 4-token steps."""
+    gen = sys.modules["speculative_t5.generate"]  # the module (st.generate is the function)
+    price = {"plain": 1e-3, "gamma 1": 1.5e-3, "gamma 3": 2.4e-3}  # seconds a round
+    calls, last, generate = {}, [], gen.generate
+
+    def clock(fns, rounds):  # each decode once; its time from the rounds it ran
+        out = {}
+        for (name, length), fn in fns.items():
+            fn()
+            calls[name, length] = int(last[-1].stats["target_calls"].max())
+            out[name, length] = 0.01 + calls[name, length] * price[name]
+        return out
+    monkeypatch.setattr(gen, "generate", lambda *a, **k: last.append(generate(*a, **k)) or last[-1])
+    monkeypatch.setattr(gen, "interleaved_medians", clock)
+    monkeypatch.setattr(gen, "step_times", lambda fns, *a, **k: {
+        k: 2e-4 if k.startswith("draft") else 4e-4 for k in fns})
+    target, draft = st.init_model(tx._cfg(), seed=2), st.init_model(tx._cfg(), seed=3)
+    ids = np.repeat(tx.INPUT, 2, 0)
+    costs = st.gamma_costs(target, draft, ids, gamma=3, max_decode_len=32)
+    assert {n for _, n in calls} == {8, 32} and all(calls[k, 32] > calls[k, 8] for k in price)
+    np.testing.assert_allclose(costs, [0.2, 2.4 - 3 * 0.2, 1.5 - 0.2, 0.4], rtol=1e-6)
+    calls.clear()
+    costs = st.gamma_costs(target, draft, ids, gamma=3, max_decode_len=12)
+    assert {n for _, n in calls} == {12}
+    per = {k: (0.01 + calls[k, 12] * price[k]) / calls[k, 12] for k in price}
+    np.testing.assert_allclose(costs.v, per["gamma 3"] / per["plain"] - 3 * costs.c, rtol=1e-6)
+    np.testing.assert_allclose(costs.c, 2e-4 / per["plain"], rtol=1e-6)
 
 
 @pytest.fixture(scope="module")
