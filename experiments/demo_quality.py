@@ -20,7 +20,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import speculative_t5 as st  # noqa: E402
-from speculative_t5.data.demo_corpus import build_corpus  # noqa: E402
+from speculative_t5.data.demo_corpus import TASKS, build_corpus  # noqa: E402
 from speculative_t5.data.inputs import pad_rows, tokenize  # noqa: E402
 from speculative_t5.data.vocabulary import Vocabulary  # noqa: E402
 from speculative_t5.measure.quality import summary_quality  # noqa: E402
@@ -51,6 +51,8 @@ def main():
     ap.add_argument("--train_dir")
     ap.add_argument("--gin_file")
     ap.add_argument("--split", default="test", choices=("validation", "test"))
+    ap.add_argument("--task", default="summarize", choices=TASKS,
+                    help="the corpus task the target was trained on (`demo_corpus.TASKS`)")
     ap.add_argument("--num_examples", type=int, default=None)
     ap.add_argument("--batch_size", type=int, default=32)
     ap.add_argument("--show", type=int, default=8)
@@ -65,7 +67,8 @@ def main():
     else:
         model, _, vocab_path = st.load_demo()
         vocab, name = Vocabulary(vocab_path), "the shipped demo target"
-    rows = [e for e in build_corpus() if e["split"] == args.split][:args.num_examples]
+    rows = [e for e in build_corpus(task=args.task) if e["split"] == args.split]
+    rows = rows[:args.num_examples]
     ids = tokenize([r["input"] for r in rows], vocab, 128)
     t0, outs = time.perf_counter(), []
     for i in range(0, len(ids), args.batch_size):

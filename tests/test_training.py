@@ -37,6 +37,27 @@ def test_first_sentence():
     assert demo_corpus.first_sentence(">>> example() is shown here") is None
 
 
+def test_summary_line_task_keeps_the_rest_of_the_docstring():
+    src = ('def area(w, h):\n    """Return the area of a rectangle.\n\n    Both sides in metres;\n'
+           '    negative sides raise ValueError.\n    """\n    return w * h\n\n\n'
+           'def double(x):\n    """Return twice the value given."""\n    return 2 * x\n')
+    plain = demo_corpus.examples_from_source(src, "geometry")
+    line = demo_corpus.examples_from_source(src, "geometry", task="summary_line")
+    assert [e["target"] for e in line] == [e["target"] for e in plain] == [
+        "Return the area of a rectangle.", "Return twice the value given."]
+    assert "metres" not in plain[0]["input"] and "Return the area" not in line[0]["input"]
+    assert line[0]["input"] == demo_corpus.PREFIX + (
+        "def area(w, h):\n    \"\"\"Both sides in metres;\nnegative sides raise ValueError.\"\"\"\n"
+        "    return w * h")
+    assert line[1] == plain[1]  # a one-sentence docstring leaves nothing to keep
+    assert demo_corpus.after_sentence("Two  words\nhere.  More.", "Two words here.") == "More."
+    with pytest.raises(ValueError, match="task must be one of"):
+        demo_corpus.build_corpus(task="translate")
+    held = [e for e in demo_corpus.build_corpus(task="summary_line") if e["split"] == "test"]
+    assert held and all(e["target"] not in e["input"] for e in held)
+    assert sum('"""' in e["input"] for e in held) > len(held) // 4
+
+
 @pytest.fixture(scope="module")
 def corpus_dir(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("corpus"))
@@ -67,6 +88,28 @@ def test_training_lowers_loss_and_resumes(corpus_dir, tmp_path):
     assert st.detect_format(os.path.join(model_dir, "hf")) == "hf"
     assert os.path.exists(os.path.join(model_dir, "hf", "spiece.model"))
     assert st.load_checkpoint(os.path.join(model_dir, "model")).config == cfg
+
+
+def test_warm_start_begins_from_another_runs_weights(corpus_dir, tmp_path):
+    cfg = st.T5Config(**TINY)
+    kw = dict(data_dir=corpus_dir, config=cfg, batch_size=8, input_len=32, target_len=12,
+              vocab_size=128, max_examples=64, learning_rate=3e-3, warmup_steps=2,
+              checkpoint_every=4, quiet=True)
+    first = training.train(model_dir=str(tmp_path / "first"), steps=8, **kw)
+    # a run of 0 steps on the warm start writes out exactly the weights it began from
+    warm = training.train(model_dir=str(tmp_path / "warm"), steps=4, max_steps_per_run=0,
+                          init_from=str(tmp_path / "first"), **kw)
+    for a, b in zip(jax_leaves(warm), jax_leaves(first)):
+        np.testing.assert_array_equal(a, b)
+    cold = training.train(model_dir=str(tmp_path / "cold"), steps=4, max_steps_per_run=0, **kw)
+    assert any(not np.array_equal(a, b) for a, b in zip(jax_leaves(cold), jax_leaves(first)))
+    with pytest.raises(ValueError, match="no training checkpoint"):
+        training.train(model_dir=str(tmp_path / "x"), steps=4, init_from=str(tmp_path / "none"), **kw)
+    with pytest.raises(ValueError, match="do not fit this run's model config"):
+        training.train(model_dir=str(tmp_path / "y"), steps=4, init_from=str(tmp_path / "first"),
+                       **{**kw, "config": st.T5Config(**{**TINY, "mlp_dim": 48})})
+    with pytest.raises(ValueError, match="another vocabulary"):
+        training.prepare_data(corpus_dir, vocab_size=128, vocab_file=__file__)
 
 
 def jax_leaves(model):

@@ -1,7 +1,10 @@
 """The demo corpus, built from a source every Python installation has: its standard library.
 
-Each example is one documented function: input "summarize: " + the function's source with
-its docstring removed (normalised by `ast.unparse`), target the docstring's first sentence.
+Each example is one documented function, its target the docstring's first sentence. Its
+input, by `task`: "summarize" (the shipped pair's) "summarize: " + the function's source with
+its docstring removed (normalised by `ast.unparse`); "summary_line" the same with the rest
+of the docstring left in (the function as written, its summary line missing; a one-sentence
+docstring leaves none).
 Examples are split into train / validation / test by a hash of the module name, so no
 module contributes to two splits. Nothing here is downloaded or committed.
 
@@ -25,6 +28,7 @@ from typing import Dict, FrozenSet, Iterable, Iterator, List, Optional, Tuple
 
 PREFIX = "summarize: "
 SPLITS = ("train", "validation", "test")
+TASKS = ("summarize", "summary_line")
 _SKIP_DIRS = {"test", "tests", "site-packages", "idle_test", "lib2to3", "__pycache__",
               "ensurepip", "turtledemo"}
 
@@ -60,23 +64,33 @@ def _functions(nodes: Iterable[ast.AST]) -> List[ast.AST]:
     return [n for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
 
 
-def examples_from_source(source: str, module: str, max_source_chars: int = 1500) -> List[Dict]:
+def examples_from_source(source: str, module: str, max_source_chars: int = 1500,
+                         task: str = "summarize") -> List[Dict]:
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return []
-    return examples_from_functions(_functions(ast.walk(tree)), module, max_source_chars)
+    return examples_from_functions(_functions(ast.walk(tree)), module, max_source_chars, task)
+
+
+def after_sentence(doc: str, sentence: str) -> str:
+    """The docstring after its first sentence (as `first_sentence` found it, whitespace
+    normalised there), with its own line breaks."""
+    m = re.search(r"\s+".join(map(re.escape, sentence.split())), doc)
+    return doc[m.end():].strip() if m else ""
 
 
 def examples_from_functions(functions: Iterable[ast.AST], module: str,
-                            max_source_chars: int = 1500) -> List[Dict]:
+                            max_source_chars: int = 1500, task: str = "summarize") -> List[Dict]:
+    check_task(task)
     out = []
     for node in functions:
         doc = ast.get_docstring(node, clean=True)
         target = first_sentence(doc) if doc else None
         if target is None:
             continue
-        body = node.body[1:] or [ast.Pass()]
+        rest = after_sentence(doc, target) if task == "summary_line" else ""
+        body = ([ast.Expr(ast.Constant(rest))] if rest else []) + (node.body[1:] or [ast.Pass()])
         stripped = type(node)(**{**{f: getattr(node, f) for f in node._fields}, "body": body})
         try:
             code = ast.unparse(ast.fix_missing_locations(stripped))
@@ -87,6 +101,12 @@ def examples_from_functions(functions: Iterable[ast.AST], module: str,
         out.append({"module": module, "name": node.name, "input": PREFIX + code,
                     "target": target, "split": split_of(module)})
     return out
+
+
+def check_task(task: str) -> str:
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    return task
 
 
 _WORD = re.compile(r"[a-z]+")
@@ -110,21 +130,22 @@ def stdlib_modules(stdlib: Optional[str] = None, skip=_SKIP_DIRS) -> Iterator[tu
                 yield rel.removesuffix(".__init__"), path
 
 
-def build_corpus(stdlib: Optional[str] = None) -> List[Dict]:
-    """All examples, deterministic order (module path, then position in the file). Built
-    once per process (parsing the standard library takes seconds); a fresh list each call."""
-    return [dict(e) for e in _scan_stdlib(stdlib)[0]]
+def build_corpus(stdlib: Optional[str] = None, task: str = "summarize") -> List[Dict]:
+    """All examples of `task`, deterministic order (module path, then position in the
+    file). Built once per process and task (parsing the standard library takes seconds);
+    a fresh list each call."""
+    return [dict(e) for e in _scan_stdlib(stdlib, check_task(task))[0]]
 
 
 def docstring_words(stdlib: Optional[str] = None) -> FrozenSet[str]:
     """Every word of every module, class and function docstring of the standard library
     (the modules the corpus reads: tests and site-packages left out); from the same one
     parse of the standard library as `build_corpus`."""
-    return _scan_stdlib(stdlib)[1]
+    return _scan_stdlib(stdlib, "summarize")[1]
 
 
-@functools.lru_cache(maxsize=2)
-def _scan_stdlib(stdlib: Optional[str]) -> Tuple[Tuple[Dict, ...], FrozenSet[str]]:
+@functools.lru_cache(maxsize=4)
+def _scan_stdlib(stdlib: Optional[str], task: str) -> Tuple[Tuple[Dict, ...], FrozenSet[str]]:
     """One parse of every standard-library module -> (the corpus, its docstrings' words)."""
     examples, seen, vocab = [], set(), set()
     for module, path in stdlib_modules(stdlib):
@@ -137,7 +158,7 @@ def _scan_stdlib(stdlib: Optional[str]) -> Tuple[Tuple[Dict, ...], FrozenSet[str
         for node in nodes:
             doc = ast.get_docstring(node, clean=False)
             vocab.update(words(doc) if doc else ())
-        for ex in examples_from_functions(_functions(nodes), module):
+        for ex in examples_from_functions(_functions(nodes), module, task=task):
             if ex["input"] not in seen:  # a function copied into two modules would leak
                 seen.add(ex["input"])    # across splits: keep its first occurrence only
                 examples.append(ex)
@@ -147,23 +168,24 @@ def _scan_stdlib(stdlib: Optional[str]) -> Tuple[Tuple[Dict, ...], FrozenSet[str
 _PACKAGE_SKIP_DIRS = {"test", "tests", "testing", "_vendor", "vendor", "__pycache__"}
 
 
-def _read_examples(item: Tuple[str, str]) -> List[Dict]:
-    module, path = item
+def _read_examples(item: Tuple[str, str, str]) -> List[Dict]:
+    module, path, task = item
     try:
         with open(path, encoding="utf-8") as f:
-            return examples_from_source(f.read(), module)
+            return examples_from_source(f.read(), module, task=task)
     except (UnicodeDecodeError, OSError):
         return []
 
 
 def package_examples(exclude: Iterable[Dict], roots: Optional[List[str]] = None,
-                     processes: int = 2) -> List[Dict]:
+                     processes: int = 2, task: str = "summarize") -> List[Dict]:
     """Training examples from the documented functions of the installed packages (the
     site-packages directories, or `roots`), module names prefixed 'pkg:', split 'train'.
     Dropped: any function whose input, or whose (name, docstring sentence), occurs in
     `exclude` (the standard-library corpus), and repeats within the packages."""
     roots = roots or sorted({sysconfig.get_paths()[k] for k in ("purelib", "platlib")})
-    items = [(f"pkg:{m}", p) for r in roots for m, p in stdlib_modules(r, _PACKAGE_SKIP_DIRS)]
+    items = [(f"pkg:{m}", p, check_task(task))
+             for r in roots for m, p in stdlib_modules(r, _PACKAGE_SKIP_DIRS)]
     with Pool(processes) as pool:  # parsing ~20k files: a minute on two cores
         per_file = pool.map(_read_examples, items, chunksize=64)
     seen = {e["input"] for e in exclude} | {(e["name"], e["target"]) for e in exclude}
@@ -177,15 +199,15 @@ def package_examples(exclude: Iterable[Dict], roots: Optional[List[str]] = None,
 
 
 def write_corpus(out_dir: str, stdlib: Optional[str] = None, packages: bool = False,
-                 target_weight: int = 1) -> Dict[str, int]:
+                 target_weight: int = 1, task: str = "summarize") -> Dict[str, int]:
     """Write {split}.jsonl, a text file for vocabulary training and manifest.json (how it
     was built: split sizes, the options, which packages' functions are in train).
     target_weight: each target sentence is written this many times into the vocabulary's
     text. Code outweighs English there: at 3072 pieces one copy leaves common words split
     ("Raise" -> R a is e), four keep 59% of held-out target words whole (47% at one)."""
     os.makedirs(out_dir, exist_ok=True)
-    corpus = build_corpus(stdlib)
-    extra = package_examples(corpus) if packages else []
+    corpus = build_corpus(stdlib, task)
+    extra = package_examples(corpus, task=task) if packages else []
     counts = {}
     for split in SPLITS:
         rows = [ex for ex in corpus if ex["split"] == split] + (extra if split == "train" else [])
@@ -205,6 +227,7 @@ def write_corpus(out_dir: str, stdlib: Optional[str] = None, packages: bool = Fa
     dists = packages_distributions()
     versions = {d: version(d) for name in top for d in dists.get(name, ())}
     manifest = {"counts": counts, "packages": packages, "target_weight": target_weight,
+                "task": task,
                 "package_examples": top, "package_versions": versions}
     with open(os.path.join(out_dir, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1, sort_keys=True)

@@ -35,21 +35,31 @@ from speculative_t5.model.t5 import T5
 
 # ----------------------------------------------------------------------------- data
 def prepare_data(data_dir: str, vocab_size: int, packages: bool = False,
-                 target_weight: int = 1) -> Vocabulary:
-    """Build the demo corpus (`demo_corpus.write_corpus`: the standard library's functions;
-    with `packages` the installed packages' too, in train) and its SentencePiece vocabulary
-    in data_dir if missing. A data_dir built with other options is refused, not reused."""
+                 target_weight: int = 1, task: str = "summarize",
+                 vocab_file: Optional[str] = None) -> Vocabulary:
+    """Build the demo corpus (`demo_corpus.write_corpus`: the standard library's functions
+    as `task` examples; with `packages` the installed packages' too, in train) and its
+    SentencePiece vocabulary in data_dir if missing. A data_dir built with other options is
+    refused, not reused. vocab_file: an existing SentencePiece model to copy in instead of
+    training one (a warm start keeps the vocabulary its weights were trained with)."""
     import sentencepiece as spm
     manifest = os.path.join(data_dir, "manifest.json")
     if not os.path.exists(os.path.join(data_dir, "train.jsonl")):
-        write_corpus(data_dir, packages=packages, target_weight=target_weight)
+        write_corpus(data_dir, packages=packages, target_weight=target_weight, task=task)
     built = json.load(open(manifest)) if os.path.exists(manifest) else {}
-    asked = {"packages": packages, "target_weight": target_weight}
-    found = {k: built.get(k, default) for k, default in (("packages", False), ("target_weight", 1))}
+    asked = {"packages": packages, "target_weight": target_weight, "task": task}
+    found = {k: built.get(k, default) for k, default in
+             (("packages", False), ("target_weight", 1), ("task", "summarize"))}
     if found != asked:
         raise ValueError(f"data_dir {data_dir} holds a corpus built with {found}, but {asked} "
                          f"was asked for: use another data_dir")
     model = os.path.join(data_dir, "spiece.model")
+    if vocab_file is not None:
+        if not os.path.exists(model):
+            shutil.copy(vocab_file, model)
+        elif open(model, "rb").read() != open(vocab_file, "rb").read():
+            raise ValueError(f"data_dir {data_dir} holds another vocabulary than {vocab_file}: "
+                             f"use another data_dir")
     if not os.path.exists(model):
         spm.SentencePieceTrainer.Train(
             input=os.path.join(data_dir, "vocab_text.txt"), model_prefix=model[:-6],
@@ -94,7 +104,8 @@ def _optimizer(name: str, learning_rate: float, warmup: int, steps: int, weight_
 def fit(model_dir: str, model: Model, loss_fn: Callable, data: Dict[str, np.ndarray],
         steps: int, batch_size: int, learning_rate: float, warmup_steps: int,
         weight_decay: float, optimizer: str, seed: int, checkpoint_every: int,
-        desc: str, quiet: bool = False, max_steps_per_run: Optional[int] = None):
+        desc: str, quiet: bool = False, max_steps_per_run: Optional[int] = None,
+        init_from: Optional[str] = None):
     """Minimise loss_fn(params, batch) -> (loss, num_tokens) over batches of `data`.
     max_steps_per_run: stop (with a checkpoint) after this many steps; rerun to continue.
     Returns (model, whether all `steps` are done)."""
@@ -112,6 +123,9 @@ def fit(model_dir: str, model: Model, loss_fn: Callable, data: Dict[str, np.ndar
         state = manager.restore(start, args=ocp.args.StandardRestore(state))
         if not quiet:
             print(f"resuming {desc} from step {start} ({ckpt_dir})")
+    elif init_from is not None:  # a warm start: another run's weights, a fresh optimizer
+        state["params"] = _newest_params(init_from, state["params"])
+        state["opt_state"] = tx.init(state["params"])
 
     @functools.partial(jax.jit, donate_argnums=(0,))
     def train_step(state, batch):
@@ -139,6 +153,23 @@ def fit(model_dir: str, model: Model, loss_fn: Callable, data: Dict[str, np.ndar
     with open(os.path.join(model_dir, "train_log.json"), "a") as f:
         f.write(json.dumps({"desc": desc, "steps": steps, "final_loss": float(loss)}) + "\n")
     return trained, stop == steps
+
+
+def _newest_params(model_dir: str, like):
+    """The weights of model_dir's newest training checkpoint, which must have the tree
+    and shapes of `like` (this run's params)."""
+    import orbax.checkpoint as ocp
+    ckpt_dir = os.path.abspath(os.path.join(model_dir, "checkpoints"))
+    with ocp.CheckpointManager(ckpt_dir) as manager:
+        step = manager.latest_step()
+        if step is None:
+            raise ValueError(f"init_from {model_dir}: no training checkpoint in {ckpt_dir}")
+        params = manager.restore(step)["params"]
+    shapes = [jax.tree_util.tree_map(jnp.shape, p) for p in (params, like)]
+    if shapes[0] != shapes[1]:
+        raise ValueError(f"init_from {model_dir}: its step-{step} weights do not fit this "
+                         f"run's model config")
+    return jax.tree_util.tree_map(jnp.asarray, params)
 
 
 def _write_outputs(model_dir: str, model: Model, vocab, export_dtype: str):
@@ -188,10 +219,13 @@ def train(model_dir: str = gin.REQUIRED, data_dir: str = gin.REQUIRED,
           vocab_size: int = 2048, seed: int = 0, checkpoint_every: int = 100,
           max_examples: Optional[int] = None, export_dtype: str = "bfloat16",
           max_steps_per_run: Optional[int] = None, packages: bool = False,
-          target_weight: int = 1, quiet: bool = False) -> Model:
-    """Train a T5 from scratch on the demo corpus (teacher-forced cross-entropy).
-    packages, target_weight: how the corpus is built (`prepare_data`)."""
-    vocab = prepare_data(data_dir, vocab_size, packages, target_weight)
+          target_weight: int = 1, task: str = "summarize", vocab_file: Optional[str] = None,
+          init_from: Optional[str] = None, quiet: bool = False) -> Model:
+    """Train a T5 on the demo corpus (teacher-forced cross-entropy), from scratch or, with
+    `init_from` (another run's model_dir), from that run's newest weights with a fresh
+    optimizer and schedule. packages, target_weight, task, vocab_file: how the corpus is
+    built (`prepare_data`; a warm start passes the vocabulary its weights know)."""
+    vocab = prepare_data(data_dir, vocab_size, packages, target_weight, task, vocab_file)
     if vocab.size > config.vocab_size:
         raise ValueError(f"vocabulary has {vocab.size} pieces but config.vocab_size is "
                          f"{config.vocab_size}")
@@ -205,7 +239,7 @@ def train(model_dir: str = gin.REQUIRED, data_dir: str = gin.REQUIRED,
         return _cross_entropy(logits, batch["targets"])
 
     return _fit_and_export(model_dir, config, loss_fn, data, vocab, "train", export_dtype,
-                           **_fit_kwargs(locals()))
+                           init_from=init_from, **_fit_kwargs(locals()))
 
 
 def teacher_outputs(teacher: Model, inputs: np.ndarray, length: int, batch_size: int = 64,
@@ -234,10 +268,11 @@ def distill(model_dir: str = gin.REQUIRED, teacher: str = gin.REQUIRED,
             checkpoint_every: int = 100, max_examples: Optional[int] = None,
             temperature: float = 1.0, export_dtype: str = "bfloat16",
             max_steps_per_run: Optional[int] = None, packages: bool = False,
-            target_weight: int = 1, quiet: bool = False) -> Model:
+            target_weight: int = 1, task: str = "summarize", quiet: bool = False) -> Model:
     """Train a draft to match a teacher: forward KL(p_teacher || q_draft) per token, on the
-    data's targets and on the teacher's own greedy outputs (what it will be asked to draft)."""
-    vocab = prepare_data(data_dir, vocab_size, packages, target_weight)
+    data's targets and on the teacher's own greedy outputs (what it will be asked to draft).
+    data_dir, task: the teacher's corpus (`prepare_data`)."""
+    vocab = prepare_data(data_dir, vocab_size, packages, target_weight, task)
     teacher_model = load_checkpoint(teacher, dtype="float32")
     if teacher_model.config.vocab_size != config.vocab_size:
         raise ValueError(f"draft vocab_size {config.vocab_size} != teacher's "
