@@ -24,6 +24,8 @@ from speculative_t5.data.demo_corpus import TASKS, build_corpus  # noqa: E402
 from speculative_t5.data.inputs import pad_rows, tokenize  # noqa: E402
 from speculative_t5.data.vocabulary import Vocabulary  # noqa: E402
 from speculative_t5.measure.quality import summary_quality  # noqa: E402
+from speculative_t5.model.t5 import T5  # noqa: E402
+from speculative_t5.training.trainer import target_loss  # noqa: E402
 
 
 def from_training(train_dir: str, gin_file: str):
@@ -76,9 +78,11 @@ def main():
         tokens = st.generate(model, pad_rows(chunk, args.batch_size), max_decode_len=32).tokens
         outs += [vocab.decode(list(t)) for t in np.asarray(tokens)[:len(chunk)]]
     q = summary_quality([r["target"] for r in rows], outs)
+    targets = tokenize([r["target"] for r in rows], vocab, 32)
+    loss, ntok = target_loss(T5(model.config), model.params, ids, targets)
     print(f"{name}: {len(rows)} {args.split} inputs, greedy, {time.perf_counter() - t0:.0f} s")
     print(f"ROUGE-1 {q['rouge1']:.1f}  ROUGE-2 {q['rouge2']:.1f}  ROUGE-Lsum {q['rougeLsum']:.1f}"
-          f"  real words {q['real_words']:.3f}")
+          f"  real words {q['real_words']:.3f}  loss {float(loss):.3f} ({int(ntok)} target tokens)")
     for r, o in list(zip(rows, outs))[:args.show]:
         print(f"- {r['name']}: {o!r}  (reference: {r['target']!r})")
 
