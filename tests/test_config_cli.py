@@ -41,6 +41,10 @@ def test_bad_config_values_are_named():
         st.T5Config(mlp_activations=("swish",))
     with pytest.raises(ValueError, match="dtype"):
         st.T5Config(dtype="float8")
+    with pytest.raises(ValueError, match="dropout_rate"):
+        st.T5Config(dropout_rate=1.0)
+    with pytest.raises(ValueError, match="config.json: T5Config.dropout_rate"):
+        st.T5Config.from_hf_config({**HF_CONFIGS["t5_1_1"], "dropout_rate": "0.1"})
     with pytest.raises(ValueError, match="model_type"):
         st.T5Config.from_hf_config({"model_type": "bart"})
     with pytest.raises(ValueError, match="d_model"):
@@ -52,6 +56,8 @@ def test_hf_config_round_trip(variant):
     cfg = st.T5Config.from_hf_config(HF_CONFIGS[variant])
     assert st.T5Config.from_hf_config(cfg.to_hf_config()) == cfg
     assert st.T5Config.from_dict(cfg.to_dict()) == cfg
+    trained = cfg.replace(dropout_rate=0.1)  # a training setting, carried both ways
+    assert st.T5Config.from_hf_config(trained.to_hf_config()) == trained
 
 
 def _gin_files():

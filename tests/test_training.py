@@ -70,7 +70,7 @@ TINY = dict(vocab_size=128, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64,
 
 
 def test_training_lowers_loss_and_resumes(corpus_dir, tmp_path):
-    cfg = st.T5Config(**TINY)
+    cfg = st.T5Config(**TINY, dropout_rate=0.1)  # each step's dropout drawn again on resume
     kw = dict(data_dir=corpus_dir, config=cfg, batch_size=8, input_len=32, target_len=12,
               vocab_size=128, max_examples=64, learning_rate=3e-3, warmup_steps=2,
               checkpoint_every=4, quiet=True)
@@ -88,6 +88,10 @@ def test_training_lowers_loss_and_resumes(corpus_dir, tmp_path):
     assert st.detect_format(os.path.join(model_dir, "hf")) == "hf"
     assert os.path.exists(os.path.join(model_dir, "hf", "spiece.model"))
     assert st.load_checkpoint(os.path.join(model_dir, "model")).config == cfg
+    # the dropout was on: without it the same run ends elsewhere
+    plain = training.train(model_dir=str(tmp_path / "plain"), steps=24,
+                           **{**kw, "config": cfg.replace(dropout_rate=0.0)})
+    assert any(not np.allclose(a, b) for a, b in zip(jax_leaves(plain), jax_leaves(fresh)))
 
 
 def test_warm_start_begins_from_another_runs_weights(corpus_dir, tmp_path):
@@ -172,3 +176,35 @@ def test_prepare_data_refuses_a_corpus_built_otherwise(corpus_dir):
         training.prepare_data(corpus_dir, vocab_size=128, target_weight=4)
     manifest = json.load(open(os.path.join(corpus_dir, "manifest.json")))
     assert manifest["packages"] is False and manifest["counts"]["train"] > 2000
+
+
+def test_dropout_is_training_only_and_drops_whole_features():
+    import flax.linen as nn
+    import jax
+    from speculative_t5.model.t5 import T5, _dropout
+    cfg = st.T5Config(**TINY, dropout_rate=0.5)
+    params = {"params": st.init_model(cfg, seed=0).params}
+    rng = np.random.RandomState(0)
+    x = rng.randint(2, 128, (2, 7)).astype(np.int32)
+    y = rng.randint(2, 128, (2, 5)).astype(np.int32)
+    y[:, 0] = 0
+    det = np.asarray(T5(cfg).apply(params, x, y))
+    # the rate never touches inference
+    np.testing.assert_array_equal(det, T5(cfg.replace(dropout_rate=0.0)).apply(params, x, y))
+
+    def dropped(seed):
+        return np.asarray(T5(cfg).apply(params, x, y, enable_dropout=True,
+                                        rngs={"dropout": jax.random.PRNGKey(seed)}))
+    np.testing.assert_array_equal(dropped(1), dropped(1))
+    assert not np.allclose(dropped(1), dropped(2)) and not np.allclose(dropped(1), det)
+
+    class Drop(nn.Module):
+        @nn.compact
+        def __call__(self, h):
+            return _dropout(cfg, h, True)
+    out = np.asarray(Drop().apply({}, np.ones((4, 5, 2000), np.float32),
+                                  rngs={"dropout": jax.random.PRNGKey(3)}))    # [B, T, E]
+    # T5X's: a feature kept is scaled by 1 / (1 - rate), and one mask serves every position
+    assert set(np.unique(out).tolist()) <= {0.0, 2.0}
+    assert (out == out[:, :1]).all()
+    assert abs((out == 0).mean() - 0.5) < 0.02

@@ -87,6 +87,7 @@ class T5Config(ConfigBase):
     param_dtype: str = "float32"  # weights as stored in memory
     pad_id: int = 0
     eos_id: int = 1
+    dropout_rate: float = 0.0     # training only (`T5.__call__(enable_dropout=True)`), as T5X's
 
     def __post_init__(self):
         object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
@@ -114,6 +115,9 @@ class T5Config(ConfigBase):
                                  f"got {getattr(self, name)!r}")
         if not self.layer_norm_epsilon > 0:
             raise ValueError(f"T5Config.layer_norm_epsilon must be > 0, got {self.layer_norm_epsilon}")
+        rate = self.dropout_rate
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 1:
+            raise ValueError(f"T5Config.dropout_rate must be a number in [0, 1), got {rate!r}")
 
     # -- presets ---------------------------------------------------------------------
     @classmethod
@@ -186,7 +190,8 @@ class T5Config(ConfigBase):
             relative_attention_num_buckets=_hf_int(hf, "relative_attention_num_buckets", 32),
             relative_attention_max_distance=_hf_int(hf, "relative_attention_max_distance", 128),
             layer_norm_epsilon=hf.get("layer_norm_epsilon", 1e-6),
-            pad_id=_hf_int(hf, "pad_token_id", 0), eos_id=_hf_int(hf, "eos_token_id", 1))
+            pad_id=_hf_int(hf, "pad_token_id", 0), eos_id=_hf_int(hf, "eos_token_id", 1),
+            dropout_rate=0.0 if hf.get("dropout_rate") is None else hf["dropout_rate"])
         kwargs["num_decoder_layers"] = _hf_int(hf, "num_decoder_layers", kwargs["num_encoder_layers"])
         eps = kwargs["layer_norm_epsilon"]
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
@@ -216,7 +221,7 @@ class T5Config(ConfigBase):
             "layer_norm_epsilon": self.layer_norm_epsilon, "feed_forward_proj": proj,
             "tie_word_embeddings": self.logits_via_embedding,
             "scale_decoder_outputs": self.logits_via_embedding,
-            "dropout_rate": 0.0, "pad_token_id": self.pad_id, "eos_token_id": self.eos_id,
+            "dropout_rate": self.dropout_rate, "pad_token_id": self.pad_id, "eos_token_id": self.eos_id,
             "decoder_start_token_id": self.pad_id, "is_encoder_decoder": True,
             "dtype": self.param_dtype,
         }

@@ -35,6 +35,14 @@ _ACT = {"relu": jax.nn.relu, "gelu": lambda x: jax.nn.gelu(x, approximate=True),
         "silu": jax.nn.silu, "linear": lambda x: x}
 
 
+def _dropout(c: T5Config, x: Array, enable: bool) -> Array:
+    """T5X's dropout (training only): rate c.dropout_rate, one mask for every position of a
+    row (broadcast over axis -2). Called inside compact modules."""
+    if not enable or c.dropout_rate == 0:
+        return x
+    return nn.Dropout(c.dropout_rate, broadcast_dims=(-2,))(x, deterministic=False)
+
+
 def _param(module: nn.Module, name: str, init, shape, axes: Tuple[str, ...], dtype):
     return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
 
@@ -148,7 +156,7 @@ class MLP(nn.Module):
     config: T5Config
 
     @nn.compact
-    def __call__(self, x: Array) -> Array:
+    def __call__(self, x: Array, enable_dropout: bool = False) -> Array:
         c = self.config
         acts = c.mlp_activations
         h = None
@@ -156,6 +164,7 @@ class MLP(nn.Module):
             name = "wi" if len(acts) == 1 else f"wi_{i}"
             y = _ACT[act](Dense(c.mlp_dim, ("embed", "mlp"), c, name=name)(x))
             h = y if h is None else h * y
+        h = _dropout(c, h, enable_dropout)                                  # [B, K, M]
         return Dense(c.emb_dim, ("mlp", "embed"), c, name="wo")(h)
 
 
@@ -163,29 +172,31 @@ class EncoderLayer(nn.Module):
     config: T5Config
 
     @nn.compact
-    def __call__(self, x: Array, bias: Array) -> Array:
+    def __call__(self, x: Array, bias: Array, enable_dropout: bool = False) -> Array:
         c = self.config
         h = RMSNorm(c, name="pre_attention_layer_norm")(x)
         attn = Attention(c, name="attention")
         k, v = attn.kv(h)
-        x = x + attn(h, k, v, bias)
-        return x + MLP(c, name="mlp")(RMSNorm(c, name="pre_mlp_layer_norm")(x))
+        x = x + _dropout(c, attn(h, k, v, bias), enable_dropout)
+        h = MLP(c, name="mlp")(RMSNorm(c, name="pre_mlp_layer_norm")(x), enable_dropout)
+        return x + _dropout(c, h, enable_dropout)
 
 
 class Encoder(nn.Module):
     config: T5Config
 
     @nn.compact
-    def __call__(self, x: Array, mask: Array) -> Array:
+    def __call__(self, x: Array, mask: Array, enable_dropout: bool = False) -> Array:
         """x [B, S, E] embedded inputs, mask [B, S] (True = real token) -> [B, S, E]."""
         c = self.config
+        x = _dropout(c, x, enable_dropout)
         pos = jnp.arange(x.shape[1])
         bias = RelativePositionBias(c, bidirectional=True, name="relpos_bias")(
             pos[None, :], pos)                                               # [1, H, S, S]
         bias = bias + jnp.where(mask[:, None, None, :], 0.0, NEG_INF)        # [B, H, S, S]
         for i in range(c.num_encoder_layers):
-            x = EncoderLayer(c, name=f"layers_{i}")(x, bias)
-        return RMSNorm(c, name="encoder_norm")(x)
+            x = EncoderLayer(c, name=f"layers_{i}")(x, bias, enable_dropout)
+        return _dropout(c, RMSNorm(c, name="encoder_norm")(x), enable_dropout)
 
 
 class DecoderLayer(nn.Module):
@@ -199,6 +210,7 @@ class DecoderLayer(nn.Module):
         self.encoder_decoder_attention = Attention(c)
         self.pre_mlp_layer_norm = RMSNorm(c)
         self.mlp = MLP(c)
+        self.dropout = nn.Dropout(c.dropout_rate, broadcast_dims=(-2,))  # as `_dropout`
 
     def cross_kv(self, encoded: Array) -> Tuple[Array, Array]:
         """Cross-attention keys [B, H, D, S] and values [B, H, S, D], laid out once per input
@@ -208,7 +220,7 @@ class DecoderLayer(nn.Module):
 
     def __call__(self, x: Array, self_bias: Array, cross_k: Array, cross_v: Array,
                  cross_bias: Array, cache: Optional[Dict[str, Array]] = None,
-                 pos: Optional[Array] = None):
+                 pos: Optional[Array] = None, enable_dropout: bool = False):
         """x [B, K, E]. With a cache ({'k','v'}: [B, L, H, D]) the new keys/values are written
         at pos[b] + 0..K-1 (out-of-range writes are dropped) and attention reads the cache."""
         h = self.pre_self_attention_layer_norm(x)
@@ -219,10 +231,12 @@ class DecoderLayer(nn.Module):
             k = cache["k"].at[rows, cols].set(k.astype(cache["k"].dtype), mode="drop")
             v = cache["v"].at[rows, cols].set(v.astype(cache["v"].dtype), mode="drop")
             cache = {"k": k, "v": v}
-        x = x + self.self_attention(h, k, v, self_bias)
+        def drop(y):
+            return self.dropout(y, deterministic=not enable_dropout)
+        x = x + drop(self.self_attention(h, k, v, self_bias))
         h = self.pre_cross_attention_layer_norm(x)
-        x = x + self.encoder_decoder_attention(h, cross_k, cross_v, cross_bias, CROSS_LAYOUT)
-        x = x + self.mlp(self.pre_mlp_layer_norm(x))
+        x = x + drop(self.encoder_decoder_attention(h, cross_k, cross_v, cross_bias, CROSS_LAYOUT))
+        x = x + drop(self.mlp(self.pre_mlp_layer_norm(x), enable_dropout))
         return x, cache
 
 
@@ -234,6 +248,7 @@ class Decoder(nn.Module):
         self.relpos_bias = RelativePositionBias(c, bidirectional=False)
         self.layers = [DecoderLayer(c, name=f"layers_{i}") for i in range(c.num_decoder_layers)]
         self.decoder_norm = RMSNorm(c)
+        self.dropout = nn.Dropout(c.dropout_rate, broadcast_dims=(-2,))  # as `_dropout`
         if not c.logits_via_embedding:
             self.logits_dense = Dense(c.vocab_size, ("embed", "vocab"), c)
 
@@ -242,7 +257,8 @@ class Decoder(nn.Module):
 
     def __call__(self, y: Array, q_pos: Array, k_pos: Array, cross: Sequence[Tuple[Array, Array]],
                  encoder_mask: Array, embedding: Array,
-                 caches: Optional[List[Dict[str, Array]]] = None, pos: Optional[Array] = None):
+                 caches: Optional[List[Dict[str, Array]]] = None, pos: Optional[Array] = None,
+                 enable_dropout: bool = False):
         """y [B, K, E] embedded decoder inputs at positions q_pos [B, K]; keys at k_pos [L].
         Returns float32 logits [B, K, V] and the updated per-layer caches."""
         c = self.config
@@ -251,12 +267,12 @@ class Decoder(nn.Module):
         self_bias = self_bias + jnp.where(causal[:, None], 0.0, NEG_INF)
         cross_bias = jnp.where(encoder_mask[:, None, None, :], 0.0, NEG_INF)  # [B, 1, 1, S]
         new_caches = []
-        x = y
+        x = self.dropout(y, deterministic=not enable_dropout)
         for i, layer in enumerate(self.layers):
             x, cache = layer(x, self_bias, cross[i][0], cross[i][1], cross_bias,
-                             None if caches is None else caches[i], pos)
+                             None if caches is None else caches[i], pos, enable_dropout)
             new_caches.append(cache)
-        x = self.decoder_norm(x)
+        x = self.dropout(self.decoder_norm(x), deterministic=not enable_dropout)
         if c.logits_via_embedding:  # T5 1.0: tied output layer, scaled by emb_dim**-0.5
             logits = jnp.einsum("bke,ve->bkv", x.astype(jnp.float32),
                                 embedding.astype(jnp.float32)) / np.sqrt(c.emb_dim)
@@ -301,13 +317,17 @@ class T5(nn.Module):
             self.token_embedder.embedding, caches=cache["self"], pos=pos)
         return logits, dict(cache, self=caches)
 
-    def __call__(self, input_ids: Array, decoder_input_ids: Array) -> Array:
-        """Teacher-forced logits [B, T, V] (decoder_input_ids start with the pad token)."""
-        encoded = self.encode(input_ids)
+    def __call__(self, input_ids: Array, decoder_input_ids: Array,
+                 enable_dropout: bool = False) -> Array:
+        """Teacher-forced logits [B, T, V] (decoder_input_ids start with the pad token).
+        enable_dropout: training (config.dropout_rate; needs a 'dropout' rng)."""
+        encoded = self.encoder(self.token_embedder(input_ids), input_ids != self.config.pad_id,
+                               enable_dropout)
         T = decoder_input_ids.shape[1]
         pos = jnp.arange(T)
         logits, _ = self.decoder(
             self.token_embedder(decoder_input_ids),
             jnp.broadcast_to(pos[None, :], decoder_input_ids.shape), pos,
-            self.cross_kv(encoded), input_ids != self.config.pad_id, self.token_embedder.embedding)
+            self.cross_kv(encoded), input_ids != self.config.pad_id, self.token_embedder.embedding,
+            enable_dropout=enable_dropout)
         return logits

@@ -136,7 +136,7 @@ def train_lm(model_dir: str = gin.REQUIRED, data_dir: str = gin.REQUIRED,
     data = {"tokens": _windows(data_dir, "train", vocab, config, window, max_windows)}
     _write_config(model_dir, config)
 
-    def loss_fn(params, batch):
+    def loss_fn(params, batch, rng):  # rng: the step's dropout key (GPT-2 here has none)
         nll = next_token_nll(config, params, batch["tokens"])                   # [B, W]
         return jnp.mean(nll), jnp.float32(nll.size)
 
@@ -165,7 +165,7 @@ def distill_lm(model_dir: str = gin.REQUIRED, teacher: str = gin.REQUIRED,
     _write_config(model_dir, config)
     tconfig, tparams = teacher_model.config, teacher_model.params
 
-    def loss_fn(params, batch):
+    def loss_fn(params, batch, rng):
         x = batch["tokens"][:, :-1]
         p = jax.nn.log_softmax(jax.lax.stop_gradient(
             gpt2.forward(tconfig, tparams, x)) / temperature, -1)             # [B, W, V]

@@ -106,7 +106,8 @@ def fit(model_dir: str, model: Model, loss_fn: Callable, data: Dict[str, np.ndar
         weight_decay: float, optimizer: str, seed: int, checkpoint_every: int,
         desc: str, quiet: bool = False, max_steps_per_run: Optional[int] = None,
         init_from: Optional[str] = None):
-    """Minimise loss_fn(params, batch) -> (loss, num_tokens) over batches of `data`.
+    """Minimise loss_fn(params, batch, rng) -> (loss, num_tokens) over batches of `data`;
+    rng: the step's dropout key, fold_in(PRNGKey(seed), step) (a resumed run draws the same).
     max_steps_per_run: stop (with a checkpoint) after this many steps; rerun to continue.
     Returns (model, whether all `steps` are done)."""
     import orbax.checkpoint as ocp
@@ -129,7 +130,8 @@ def fit(model_dir: str, model: Model, loss_fn: Callable, data: Dict[str, np.ndar
 
     @functools.partial(jax.jit, donate_argnums=(0,))
     def train_step(state, batch):
-        (loss, ntok), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], batch)
+        rng = jax.random.fold_in(jax.random.PRNGKey(seed), state["step"])
+        (loss, ntok), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], batch, rng)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
         return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, loss, ntok
@@ -191,10 +193,13 @@ def _masked_mean(values, targets):
     return jnp.sum(values * mask) / jnp.maximum(ntok, 1.0), ntok
 
 
-def target_loss(module: T5, params, inputs, targets):
+def target_loss(module: T5, params, inputs, targets, rng=None):
     """Teacher-forced cross-entropy of targets [B, T] given inputs [B, S], per real target
-    token (the training loss; also a held-out score steadier than ROUGE), and that count."""
-    logits = module.apply({"params": params}, inputs, shift_right(targets))
+    token (the training loss; also a held-out score steadier than ROUGE), and that count.
+    rng: training, with the config's dropout; None: deterministic (scoring)."""
+    logits = module.apply({"params": params}, inputs, shift_right(targets),
+                          enable_dropout=rng is not None,
+                          rngs=None if rng is None else {"dropout": rng})
     return _cross_entropy(logits, targets)
 
 
@@ -241,8 +246,8 @@ def train(model_dir: str = gin.REQUIRED, data_dir: str = gin.REQUIRED,
             "targets": tokenize([r["target"] for r in rows], vocab, target_len)}
     module = T5(config)
 
-    def loss_fn(params, batch):
-        return target_loss(module, params, batch["inputs"], batch["targets"])
+    def loss_fn(params, batch, rng):
+        return target_loss(module, params, batch["inputs"], batch["targets"], rng)
 
     return _fit_and_export(model_dir, config, loss_fn, data, vocab, "train", export_dtype,
                            init_from=init_from, **_fit_kwargs(locals()))
@@ -294,11 +299,13 @@ def distill(model_dir: str = gin.REQUIRED, teacher: str = gin.REQUIRED,
     module, tmodule = T5(config), T5(teacher_model.config)
     tparams = teacher_model.params
 
-    def loss_fn(params, batch):
+    def loss_fn(params, batch, rng):  # the student with its config's dropout, the teacher without
         dec = shift_right(batch["targets"])
         p = jax.nn.log_softmax(jax.lax.stop_gradient(
             tmodule.apply({"params": tparams}, batch["inputs"], dec)) / temperature, -1)
-        q = jax.nn.log_softmax(module.apply({"params": params}, batch["inputs"], dec) / temperature, -1)
+        q = jax.nn.log_softmax(module.apply({"params": params}, batch["inputs"], dec,
+                                            enable_dropout=True, rngs={"dropout": rng})
+                               / temperature, -1)
         return _masked_mean(jnp.sum(jnp.exp(p) * (p - q), axis=-1), batch["targets"])  # KL [B, T]
 
     return _fit_and_export(model_dir, config, loss_fn, data, vocab, "distill", export_dtype,
