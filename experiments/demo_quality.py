@@ -1,5 +1,6 @@
 """Summary quality of a demo target on the held-out docstring task: greedy outputs' ROUGE
-and real-word fraction (`measure.quality`), and a few outputs to read.
+and real-word fraction (`measure.quality`) beside a no-model baseline ("Return the <function
+name>.", `name_baseline`), and a few outputs to read.
 
   python experiments/demo_quality.py                          # the shipped pair
   python experiments/demo_quality.py --target runs/demo/target/hf --vocab runs/demo/corpus/spiece.model
@@ -23,7 +24,7 @@ import speculative_t5 as st  # noqa: E402
 from speculative_t5.data.demo_corpus import TASKS, build_corpus  # noqa: E402
 from speculative_t5.data.inputs import pad_rows, tokenize  # noqa: E402
 from speculative_t5.data.vocabulary import Vocabulary  # noqa: E402
-from speculative_t5.measure.quality import summary_quality  # noqa: E402
+from speculative_t5.measure.quality import name_baseline, summary_quality  # noqa: E402
 from speculative_t5.model.t5 import T5  # noqa: E402
 from speculative_t5.training.trainer import target_loss  # noqa: E402
 
@@ -83,6 +84,9 @@ def main():
     print(f"{name}: {len(rows)} {args.split} inputs, greedy, {time.perf_counter() - t0:.0f} s")
     print(f"ROUGE-1 {q['rouge1']:.1f}  ROUGE-2 {q['rouge2']:.1f}  ROUGE-Lsum {q['rougeLsum']:.1f}"
           f"  real words {q['real_words']:.3f}  loss {float(loss):.3f} ({int(ntok)} target tokens)")
+    b = summary_quality([r["target"] for r in rows], [name_baseline(r["input"]) for r in rows])
+    print(f"no model, 'Return the <function name>.': ROUGE-1 {b['rouge1']:.1f}  ROUGE-2 "
+          f"{b['rouge2']:.1f}  ROUGE-Lsum {b['rougeLsum']:.1f}  real words {b['real_words']:.3f}")
     for r, o in list(zip(rows, outs))[:args.show]:
         print(f"- {r['name']}: {o!r}  (reference: {r['target']!r})")
 

@@ -30,3 +30,14 @@ def test_summary_quality_scores_against_references():
     assert 0 < worse["rouge1"] < 100 and worse["rouge2"] < worse["rouge1"]
     with pytest.raises(ValueError, match="2 references for 1 outputs"):
         quality.summary_quality(refs, refs[:1])
+
+
+def test_name_baseline_is_the_function_name_as_words():
+    assert quality.name_baseline("summarize: def _type_repr(obj):\n    pass") == \
+        "Return the type repr."
+    assert quality.name_baseline("class A:\n    def getUser2_id(self): ...") == \
+        "Return the get user id."
+    assert quality.name_baseline("x = 1") == ""
+    q = quality.summary_quality(["Return the repr() of a type."],
+                                [quality.name_baseline("def _type_repr(obj): pass")])
+    assert 0 < q["rouge1"] < 100

@@ -58,6 +58,18 @@ def test_summary_line_task_keeps_the_rest_of_the_docstring():
     assert sum('"""' in e["input"] for e in held) > len(held) // 4
 
 
+def test_summarize_named_task_spells_the_name_out_first():
+    src = ('def getArea_2d(w, h):\n    """Return the area of a rectangle."""\n    return w * h\n\n\n'
+           'def _(x):\n    """Return twice the value given."""\n    return 2 * x\n')
+    plain = demo_corpus.examples_from_source(src, "geometry")
+    named = demo_corpus.examples_from_source(src, "geometry", task="summarize_named")
+    assert [e["target"] for e in named] == [e["target"] for e in plain]
+    assert named[0]["input"] == demo_corpus.PREFIX + "get area d\n" + plain[0]["input"][
+        len(demo_corpus.PREFIX):]
+    assert named[1] == plain[1]  # a name without words: the plain input
+    assert demo_corpus.name_words("HTTPServer_v2") == ["http", "server", "v"]
+
+
 @pytest.fixture(scope="module")
 def corpus_dir(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("corpus"))

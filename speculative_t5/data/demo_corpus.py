@@ -4,7 +4,9 @@ Each example is one documented function, its target the docstring's first senten
 input, by `task`: "summarize" (the shipped pair's) "summarize: " + the function's source with
 its docstring removed (normalised by `ast.unparse`); "summary_line" the same with the rest
 of the docstring left in (the function as written, its summary line missing; a one-sentence
-docstring leaves none).
+docstring leaves none); "summarize_named" the first with the function's name spelled out
+as words on a line before it ("type repr" for `_type_repr`: the words a summary most often
+repeats, which a small model copies more easily as words than from inside an identifier).
 Examples are split into train / validation / test by a hash of the module name, so no
 module contributes to two splits. Nothing here is downloaded or committed.
 
@@ -28,7 +30,7 @@ from typing import Dict, FrozenSet, Iterable, Iterator, List, Optional, Tuple
 
 PREFIX = "summarize: "
 SPLITS = ("train", "validation", "test")
-TASKS = ("summarize", "summary_line")
+TASKS = ("summarize", "summary_line", "summarize_named")
 _SKIP_DIRS = {"test", "tests", "site-packages", "idle_test", "lib2to3", "__pycache__",
               "ensurepip", "turtledemo"}
 
@@ -73,6 +75,12 @@ def examples_from_source(source: str, module: str, max_source_chars: int = 1500,
     return examples_from_functions(_functions(ast.walk(tree)), module, max_source_chars, task)
 
 
+def name_words(name: str) -> List[str]:
+    """An identifier as lower-case words, split at underscores and case changes:
+    "_type_repr" -> ['type', 'repr'], "getHTTPResponse2" -> ['get', 'http', 'response']."""
+    return [w.lower() for w in re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+", name)]
+
+
 def after_sentence(doc: str, sentence: str) -> str:
     """The docstring after its first sentence (as `first_sentence` found it, whitespace
     normalised there), with its own line breaks."""
@@ -98,6 +106,8 @@ def examples_from_functions(functions: Iterable[ast.AST], module: str,
             continue
         if len(code) > max_source_chars:
             continue
+        if task == "summarize_named" and name_words(node.name):
+            code = " ".join(name_words(node.name)) + "\n" + code
         out.append({"module": module, "name": node.name, "input": PREFIX + code,
                     "target": target, "split": split_of(module)})
     return out

@@ -20,7 +20,7 @@ import jax
 
 from speculative_t5.experiments import drivers, timed
 from speculative_t5.experiments.rundir import RunDir
-from speculative_t5.measure.quality import summary_quality
+from speculative_t5.measure.quality import name_baseline, summary_quality
 
 PAIR = "the shipped demo pair (16.9M target, 0.92M draft)"
 # The first demo pair's summaries (16.9M target, 2048 pieces, 35 CPU-minutes of training),
@@ -180,6 +180,8 @@ def demo(output_dir: Optional[str] = None, num_examples: int = 32, gamma: int = 
     summary["quality"] = summary_quality([r["reference"] for r in records],
                                          [r["plain_output"] for r in records])
     summary["quality_first_pair"] = FIRST_PAIR_QUALITY
+    summary["quality_name_baseline"] = summary_quality(  # no model: what a pair must beat
+        [r["reference"] for r in records], [name_baseline(r["input"]) for r in records])
     examples = records[:show]
     with open(os.path.join(output_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
@@ -273,7 +275,8 @@ def _report(s: Dict, examples: List[Dict]) -> str:
                      f"{r['speedup_predicted_full']:.2f} | {r['measured_over_full']:.2f} | "
                      f"{r['speedup_predicted']:.2f} | {r['speedup_predicted_paper']:.2f} | {ident} |")
     lines += ["", f"Summaries (greedy): {_quality(s['quality'])}; the first demo pair's: "
-              f"{_quality(s['quality_first_pair'])}.",
+              f"{_quality(s['quality_first_pair'])}; no model, \"Return the <function "
+              f"name>.\": {_quality(s['quality_name_baseline'])}.",
               "", "## Speedup against gamma (greedy)", "",
               f"{s['sweep_examples']} inputs of the most common input width "
               f"({s['sweep_input_width']} tokens).", "",
@@ -340,7 +343,8 @@ def _print(s: Dict, examples: List[Dict], output_dir: str) -> None:
         f"{t1['speedup_predicted_full']:.2f}x (cost model: {t1['measured_over_full']:.2f}) / "
         f"{t1['speedup_predicted']:.2f}x / {t1['speedup_predicted_paper']:.2f}x\n"
         f"summaries: {_quality(s['quality'])} (the first demo pair: "
-        f"{_quality(s['quality_first_pair'])})\n"
+        f"{_quality(s['quality_first_pair'])}; no model, \"Return the <function name>.\": "
+        f"{_quality(s['quality_name_baseline'])})\n"
         + "".join(f"{r['draft']}, {r['verification']}, T={r['temperature']:g}: "
                   f"{r['tokens_per_target_call']:.2f} tokens per target call, speedup measured "
                   f"{r['speedup_measured']:.2f}x, cost model {r['speedup_predicted_full']:.2f}x\n"

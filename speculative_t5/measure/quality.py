@@ -4,9 +4,10 @@ docstrings) — a cheap check that a summary is English and not invented pieces
 ("viewerimect")."""
 from __future__ import annotations
 
+import re
 from typing import Dict, FrozenSet, Optional, Sequence
 
-from speculative_t5.data.demo_corpus import docstring_words, words
+from speculative_t5.data.demo_corpus import docstring_words, name_words, words
 from speculative_t5.data.tasks import rouge
 
 
@@ -16,6 +17,15 @@ def real_word_fraction(texts: Sequence[str], known: Optional[FrozenSet[str]] = N
     known = docstring_words() if known is None else known
     found = [w in known for t in texts for w in words(t)]
     return sum(found) / len(found) if found else float("nan")
+
+
+def name_baseline(source: str) -> str:
+    """The summary a reader could write with no model at all: "Return the <the first
+    function's name as words>." ("def _type_repr(obj):" -> "Return the type repr."; "" when
+    the source defines none). A target that scores below it has not learnt the task."""
+    m = re.search(r"\bdef\s+(\w+)", source)
+    named = name_words(m.group(1)) if m else []
+    return f"Return the {' '.join(named)}." if named else ""
 
 
 def summary_quality(references: Sequence[str], outputs: Sequence[str]) -> Dict[str, float]:
