@@ -1,6 +1,7 @@
 """Summary quality of a demo target on the held-out docstring task: greedy outputs' ROUGE
 and real-word fraction (`measure.quality`) beside a no-model baseline ("Return the <function
-name>.", `name_baseline`), and a few outputs to read.
+name>.", `name_baseline`), the held-out teacher-forced loss beside the same with the inputs
+shuffled between rows (what the input is worth to the target), and a few outputs to read.
 
   python experiments/demo_quality.py                          # the shipped pair
   python experiments/demo_quality.py --target runs/demo/target/hf --vocab runs/demo/corpus/spiece.model
@@ -81,9 +82,13 @@ def main():
     q = summary_quality([r["target"] for r in rows], outs)
     targets = tokenize([r["target"] for r in rows], vocab, 32)
     loss, ntok = target_loss(T5(model.config), model.params, ids, targets)
+    # the same targets given other rows' inputs: how much the target reads its input at all
+    shuffled, _ = target_loss(T5(model.config), model.params,
+                              ids[np.random.RandomState(0).permutation(len(ids))], targets)
     print(f"{name}: {len(rows)} {args.split} inputs, greedy, {time.perf_counter() - t0:.0f} s")
     print(f"ROUGE-1 {q['rouge1']:.1f}  ROUGE-2 {q['rouge2']:.1f}  ROUGE-Lsum {q['rougeLsum']:.1f}"
-          f"  real words {q['real_words']:.3f}  loss {float(loss):.3f} ({int(ntok)} target tokens)")
+          f"  real words {q['real_words']:.3f}  loss {float(loss):.3f} ({int(ntok)} target tokens; "
+          f"{float(shuffled):.3f} given other rows' inputs)")
     b = summary_quality([r["target"] for r in rows], [name_baseline(r["input"]) for r in rows])
     print(f"no model, 'Return the <function name>.': ROUGE-1 {b['rouge1']:.1f}  ROUGE-2 "
           f"{b['rouge2']:.1f}  ROUGE-Lsum {b['rougeLsum']:.1f}  real words {b['real_words']:.3f}")
