@@ -79,17 +79,19 @@ def main():
         chunk = ids[i:i + args.batch_size]
         tokens = st.generate(model, pad_rows(chunk, args.batch_size), max_decode_len=32).tokens
         outs += [vocab.decode(list(t)) for t in np.asarray(tokens)[:len(chunk)]]
-    q = summary_quality([r["target"] for r in rows], outs)
-    targets = tokenize([r["target"] for r in rows], vocab, 32)
-    loss, ntok = target_loss(T5(model.config), model.params, ids, targets)
+    references = [r["target"] for r in rows]
+    q = summary_quality(references, outs)
+    targets = tokenize(references, vocab, 32)
+    module = T5(model.config)
+    loss, ntok = target_loss(module, model.params, ids, targets)
     # the same targets given other rows' inputs: how much the target reads its input at all
-    shuffled, _ = target_loss(T5(model.config), model.params,
+    shuffled, _ = target_loss(module, model.params,
                               ids[np.random.RandomState(0).permutation(len(ids))], targets)
     print(f"{name}: {len(rows)} {args.split} inputs, greedy, {time.perf_counter() - t0:.0f} s")
     print(f"ROUGE-1 {q['rouge1']:.1f}  ROUGE-2 {q['rouge2']:.1f}  ROUGE-Lsum {q['rougeLsum']:.1f}"
           f"  real words {q['real_words']:.3f}  loss {float(loss):.3f} ({int(ntok)} target tokens; "
           f"{float(shuffled):.3f} given other rows' inputs)")
-    b = summary_quality([r["target"] for r in rows], [name_baseline(r["input"]) for r in rows])
+    b = summary_quality(references, [name_baseline(r["input"]) for r in rows])
     print(f"no model, 'Return the <function name>.': ROUGE-1 {b['rouge1']:.1f}  ROUGE-2 "
           f"{b['rouge2']:.1f}  ROUGE-Lsum {b['rougeLsum']:.1f}  real words {b['real_words']:.3f}")
     for r, o in list(zip(rows, outs))[:args.show]:

@@ -213,7 +213,7 @@ def test_dropout_is_training_only_and_drops_whole_features():
     class Drop(nn.Module):
         @nn.compact
         def __call__(self, h):
-            return _dropout(cfg, h, True)
+            return _dropout(cfg)(h, deterministic=False)
     out = np.asarray(Drop().apply({}, np.ones((4, 5, 2000), np.float32),
                                   rngs={"dropout": jax.random.PRNGKey(3)}))    # [B, T, E]
     # T5X's: a feature kept is scaled by 1 / (1 - rate), and one mask serves every position

@@ -106,8 +106,9 @@ def examples_from_functions(functions: Iterable[ast.AST], module: str,
             continue
         if len(code) > max_source_chars:
             continue
-        if task == "summarize_named" and name_words(node.name):
-            code = " ".join(name_words(node.name)) + "\n" + code
+        named = " ".join(name_words(node.name)) if task == "summarize_named" else ""
+        if named:
+            code = named + "\n" + code
         out.append({"module": module, "name": node.name, "input": PREFIX + code,
                     "target": target, "split": split_of(module)})
     return out

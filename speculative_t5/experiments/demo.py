@@ -177,11 +177,11 @@ def demo(output_dir: Optional[str] = None, num_examples: int = 32, gamma: int = 
     summary["seconds"] = time.perf_counter() - t_start
     records = RunDir(os.path.join(output_dir, "walltime", "docstrings_t0")).records()
     records = sorted(records, key=lambda r: r["index"])
-    summary["quality"] = summary_quality([r["reference"] for r in records],
-                                         [r["plain_output"] for r in records])
+    references = [r["reference"] for r in records]
+    summary["quality"] = summary_quality(references, [r["plain_output"] for r in records])
     summary["quality_first_pair"] = FIRST_PAIR_QUALITY
     summary["quality_name_baseline"] = summary_quality(  # no model: what a pair must beat
-        [r["reference"] for r in records], [name_baseline(r["input"]) for r in records])
+        references, [name_baseline(r["input"]) for r in records])
     examples = records[:show]
     with open(os.path.join(output_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)

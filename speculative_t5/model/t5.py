@@ -17,6 +17,7 @@ parameter carries logical axis names (`embed`, `mlp`, `joined_kv`, `heads`, `voc
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import flax.linen as nn
@@ -35,12 +36,11 @@ _ACT = {"relu": jax.nn.relu, "gelu": lambda x: jax.nn.gelu(x, approximate=True),
         "silu": jax.nn.silu, "linear": lambda x: x}
 
 
-def _dropout(c: T5Config, x: Array, enable: bool) -> Array:
-    """T5X's dropout (training only): rate c.dropout_rate, one mask for every position of a
-    row (broadcast over axis -2). Called inside compact modules."""
-    if not enable or c.dropout_rate == 0:
-        return x
-    return nn.Dropout(c.dropout_rate, broadcast_dims=(-2,))(x, deterministic=False)
+def _dropout(c: T5Config) -> nn.Dropout:
+    """T5X's dropout, training only: rate c.dropout_rate, one mask for every position of a
+    row (broadcast over axis -2). Every module calls it with deterministic=not
+    enable_dropout; deterministic or at rate 0 it gives its input back."""
+    return nn.Dropout(c.dropout_rate, broadcast_dims=(-2,))
 
 
 def _param(module: nn.Module, name: str, init, shape, axes: Tuple[str, ...], dtype):
@@ -164,7 +164,7 @@ class MLP(nn.Module):
             name = "wi" if len(acts) == 1 else f"wi_{i}"
             y = _ACT[act](Dense(c.mlp_dim, ("embed", "mlp"), c, name=name)(x))
             h = y if h is None else h * y
-        h = _dropout(c, h, enable_dropout)                                  # [B, K, M]
+        h = _dropout(c)(h, deterministic=not enable_dropout)                # [B, K, M]
         return Dense(c.emb_dim, ("mlp", "embed"), c, name="wo")(h)
 
 
@@ -174,12 +174,13 @@ class EncoderLayer(nn.Module):
     @nn.compact
     def __call__(self, x: Array, bias: Array, enable_dropout: bool = False) -> Array:
         c = self.config
+        drop = functools.partial(_dropout(c), deterministic=not enable_dropout)
         h = RMSNorm(c, name="pre_attention_layer_norm")(x)
         attn = Attention(c, name="attention")
         k, v = attn.kv(h)
-        x = x + _dropout(c, attn(h, k, v, bias), enable_dropout)
+        x = x + drop(attn(h, k, v, bias))
         h = MLP(c, name="mlp")(RMSNorm(c, name="pre_mlp_layer_norm")(x), enable_dropout)
-        return x + _dropout(c, h, enable_dropout)
+        return x + drop(h)
 
 
 class Encoder(nn.Module):
@@ -189,14 +190,15 @@ class Encoder(nn.Module):
     def __call__(self, x: Array, mask: Array, enable_dropout: bool = False) -> Array:
         """x [B, S, E] embedded inputs, mask [B, S] (True = real token) -> [B, S, E]."""
         c = self.config
-        x = _dropout(c, x, enable_dropout)
+        drop = functools.partial(_dropout(c), deterministic=not enable_dropout)
+        x = drop(x)
         pos = jnp.arange(x.shape[1])
         bias = RelativePositionBias(c, bidirectional=True, name="relpos_bias")(
             pos[None, :], pos)                                               # [1, H, S, S]
         bias = bias + jnp.where(mask[:, None, None, :], 0.0, NEG_INF)        # [B, H, S, S]
         for i in range(c.num_encoder_layers):
             x = EncoderLayer(c, name=f"layers_{i}")(x, bias, enable_dropout)
-        return _dropout(c, RMSNorm(c, name="encoder_norm")(x), enable_dropout)
+        return drop(RMSNorm(c, name="encoder_norm")(x))
 
 
 class DecoderLayer(nn.Module):
@@ -210,7 +212,7 @@ class DecoderLayer(nn.Module):
         self.encoder_decoder_attention = Attention(c)
         self.pre_mlp_layer_norm = RMSNorm(c)
         self.mlp = MLP(c)
-        self.dropout = nn.Dropout(c.dropout_rate, broadcast_dims=(-2,))  # as `_dropout`
+        self.dropout = _dropout(c)
 
     def cross_kv(self, encoded: Array) -> Tuple[Array, Array]:
         """Cross-attention keys [B, H, D, S] and values [B, H, S, D], laid out once per input
@@ -248,7 +250,7 @@ class Decoder(nn.Module):
         self.relpos_bias = RelativePositionBias(c, bidirectional=False)
         self.layers = [DecoderLayer(c, name=f"layers_{i}") for i in range(c.num_decoder_layers)]
         self.decoder_norm = RMSNorm(c)
-        self.dropout = nn.Dropout(c.dropout_rate, broadcast_dims=(-2,))  # as `_dropout`
+        self.dropout = _dropout(c)
         if not c.logits_via_embedding:
             self.logits_dense = Dense(c.vocab_size, ("embed", "vocab"), c)
 
@@ -294,9 +296,10 @@ class T5(nn.Module):
         self.encoder = Encoder(c)
         self.decoder = Decoder(c)
 
-    def encode(self, input_ids: Array) -> Array:
+    def encode(self, input_ids: Array, enable_dropout: bool = False) -> Array:
         """input_ids [B, S] (0 = pad) -> [B, S, E]."""
-        return self.encoder(self.token_embedder(input_ids), input_ids != self.config.pad_id)
+        return self.encoder(self.token_embedder(input_ids), input_ids != self.config.pad_id,
+                            enable_dropout)
 
     def cross_kv(self, encoded: Array) -> List[Tuple[Array, Array]]:
         return self.decoder.cross_kv(encoded)
@@ -321,8 +324,7 @@ class T5(nn.Module):
                  enable_dropout: bool = False) -> Array:
         """Teacher-forced logits [B, T, V] (decoder_input_ids start with the pad token).
         enable_dropout: training (config.dropout_rate; needs a 'dropout' rng)."""
-        encoded = self.encoder(self.token_embedder(input_ids), input_ids != self.config.pad_id,
-                               enable_dropout)
+        encoded = self.encode(input_ids, enable_dropout)
         T = decoder_input_ids.shape[1]
         pos = jnp.arange(T)
         logits, _ = self.decoder(
