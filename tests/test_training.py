@@ -181,6 +181,30 @@ def test_package_examples_join_train_and_never_copy_a_stdlib_function(tmp_path):
     assert found[0]["input"].startswith(demo_corpus.PREFIX + "def scale_vector(v, k):")
 
 
+_POOL_UNDER_A_COMMAND = """
+import multiprocessing, os, signal, sys, time
+from speculative_t5.commands.interrupt import interruptible
+from speculative_t5.data import demo_corpus
+with interruptible():
+    with multiprocessing.get_context("fork").Pool(1, initializer=demo_corpus._quiet_worker) as pool:
+        worker = pool.apply(os.getpid)
+        os.kill(worker, signal.SIGINT)       # Ctrl-C reaches the whole process group
+        time.sleep(0.5)
+        print(pool.apply(os.getpid) == worker, flush=True)
+"""
+
+
+def test_corpus_pool_workers_leave_ctrl_c_to_the_command():
+    """Forked under a command's handlers, a worker that took Ctrl-C would unwind the
+    parent's stack copy (a second "interrupted", a pool that never finishes)."""
+    import subprocess
+    import sys
+    run = subprocess.run([sys.executable, "-c", _POOL_UNDER_A_COMMAND], capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "True" and "interrupted" not in run.stderr
+
+
 def test_prepare_data_refuses_a_corpus_built_otherwise(corpus_dir):
     with pytest.raises(ValueError, match=r"built with \{'packages': False.*packages': True"):
         training.prepare_data(corpus_dir, vocab_size=128, packages=True)

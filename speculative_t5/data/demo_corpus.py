@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import re
+import signal
 import sysconfig
 from multiprocessing import Pool
 from typing import Dict, FrozenSet, Iterable, Iterator, List, Optional, Tuple
@@ -188,6 +189,14 @@ def _read_examples(item: Tuple[str, str, str]) -> List[Dict]:
         return []
 
 
+def _quiet_worker() -> None:
+    """A pool worker leaves Ctrl-C and SIGTERM to its parent, which ends the pool: forked,
+    it would otherwise inherit the command's handlers (`commands.interrupt`) and unwind the
+    parent's stack copy, printing a second "interrupted" or outliving a parent that exited."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def package_examples(exclude: Iterable[Dict], roots: Optional[List[str]] = None,
                      processes: int = 2, task: str = "summarize") -> List[Dict]:
     """Training examples from the documented functions of the installed packages (the
@@ -197,7 +206,7 @@ def package_examples(exclude: Iterable[Dict], roots: Optional[List[str]] = None,
     roots = roots or sorted({sysconfig.get_paths()[k] for k in ("purelib", "platlib")})
     items = [(f"pkg:{m}", p, check_task(task))
              for r in roots for m, p in stdlib_modules(r, _PACKAGE_SKIP_DIRS)]
-    with Pool(processes) as pool:  # parsing ~20k files: a minute on two cores
+    with Pool(processes, initializer=_quiet_worker) as pool:  # parsing ~20k files: a minute on two cores
         per_file = pool.map(_read_examples, items, chunksize=64)
     seen = {e["input"] for e in exclude} | {(e["name"], e["target"]) for e in exclude}
     out = []
