@@ -34,7 +34,7 @@ import speculative_t5 as st
 from peer_args import peer_parser
 from speculative_t5.data import Vocabulary, pad_rows, tokenize
 from speculative_t5.data.demo_corpus import build_corpus
-from speculative_t5.checkpoints.demo import DEMO_DIR
+from speculative_t5.checkpoints.demo import DEMO_DIR, DEMO_INPUT_LENGTH, DEMO_TASK
 
 
 def _trim(ids: np.ndarray) -> np.ndarray:
@@ -45,7 +45,7 @@ def _trim(ids: np.ndarray) -> np.ndarray:
 def main():
     p = peer_parser(__doc__)
     p.add_argument("--num_examples", type=int, default=16)
-    p.add_argument("--input_len", type=int, default=128)
+    p.add_argument("--input_len", type=int, default=DEMO_INPUT_LENGTH)
     p.add_argument("--min_input_tokens", type=int, default=0,
                    help="only held-out inputs at least this long (before truncation)")
     p.add_argument("--long", action="store_true",
@@ -58,7 +58,7 @@ def main():
 
     target_dir, draft_dir = os.path.join(DEMO_DIR, "target"), os.path.join(DEMO_DIR, "draft")
     vocab = Vocabulary(os.path.join(target_dir, "spiece.model"))
-    test = [e for e in build_corpus() if e["split"] == "test"
+    test = [e for e in build_corpus(task=DEMO_TASK) if e["split"] == "test"
             and len(vocab.encode(e["input"])) >= args.min_input_tokens][:args.num_examples]
     x = tokenize([e["input"] for e in test], vocab, args.input_len)
     n, L, g = len(x), args.max_new_tokens, args.gamma

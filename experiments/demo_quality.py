@@ -22,6 +22,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import speculative_t5 as st  # noqa: E402
+from speculative_t5.checkpoints.demo import DEMO_INPUT_LENGTH, DEMO_TASK  # noqa: E402
 from speculative_t5.data.demo_corpus import TASKS, build_corpus  # noqa: E402
 from speculative_t5.data.inputs import pad_rows, tokenize  # noqa: E402
 from speculative_t5.data.vocabulary import Vocabulary  # noqa: E402
@@ -55,8 +56,10 @@ def main():
     ap.add_argument("--train_dir")
     ap.add_argument("--gin_file")
     ap.add_argument("--split", default="test", choices=("validation", "test"))
-    ap.add_argument("--task", default="summarize", choices=TASKS,
+    ap.add_argument("--task", default=DEMO_TASK, choices=TASKS,
                     help="the corpus task the target was trained on (`demo_corpus.TASKS`)")
+    ap.add_argument("--input_len", type=int, default=DEMO_INPUT_LENGTH,
+                    help="input pieces kept (the length the target was trained on)")
     ap.add_argument("--num_examples", type=int, default=None)
     ap.add_argument("--batch_size", type=int, default=32)
     ap.add_argument("--show", type=int, default=8)
@@ -73,7 +76,7 @@ def main():
         vocab, name = Vocabulary(vocab_path), "the shipped demo target"
     rows = [e for e in build_corpus(task=args.task) if e["split"] == args.split]
     rows = rows[:args.num_examples]
-    ids = tokenize([r["input"] for r in rows], vocab, 128)
+    ids = tokenize([r["input"] for r in rows], vocab, args.input_len)
     t0, outs = time.perf_counter(), []
     for i in range(0, len(ids), args.batch_size):
         chunk = ids[i:i + args.batch_size]

@@ -68,6 +68,25 @@ def test_summarize_named_task_spells_the_name_out_first():
         len(demo_corpus.PREFIX):]
     assert named[1] == plain[1]  # a name without words: the plain input
     assert demo_corpus.name_words("HTTPServer_v2") == ["http", "server", "v"]
+    # what the demo shows a reader: the source alone, whichever task built the input
+    assert [demo_corpus.source_of(e["input"]) for e in named] == [
+        e["input"][len(demo_corpus.PREFIX):] for e in plain]
+    assert demo_corpus.source_of(named[0]["input"]).startswith("def getArea_2d(w, h):")
+
+def test_demo_examples_read_inputs_as_the_shipped_pair_was_trained():
+    from speculative_t5.checkpoints import demo
+    from speculative_t5.experiments.cells import demo_examples
+    from speculative_t5.experiments.ginconfig import parse_gin
+    import gin
+    rows = [e for e in demo_corpus.build_corpus(task=demo.DEMO_TASK) if e["split"] == "test"]
+    got = demo_examples(num_examples=None)
+    assert [g["input_text"] for g in got] == [r["input"] for r in rows]
+    assert max(len(g["inputs"]) for g in got) == demo.DEMO_INPUT_LENGTH  # cut where training cut
+    try:  # the demo's gin task block says the same length (decode.max_input_len reads it)
+        parse_gin(["tasks/demo_docstrings.gin"], [], [])
+        assert gin.query_parameter("%INPUT_LENGTH") == demo.DEMO_INPUT_LENGTH
+    finally:
+        gin.clear_config()
 
 
 @pytest.fixture(scope="module")

@@ -121,6 +121,15 @@ def check_task(task: str) -> str:
     return task
 
 
+def source_of(text: str) -> str:
+    """The function's source in an example's input: without the prefix and, for
+    "summarize_named", the line of name words before it (never a line of source: those hold
+    more than lower-case letters and spaces)."""
+    text = text[len(PREFIX):] if text.startswith(PREFIX) else text
+    first, _, rest = text.partition("\n")
+    return rest if rest and re.fullmatch(r"[a-z ]+", first) else text
+
+
 _WORD = re.compile(r"[a-z]+")
 
 

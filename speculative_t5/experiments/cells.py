@@ -250,16 +250,21 @@ def file_examples(path: str = gin.REQUIRED, prefix: str = "", vocabulary: str = 
 
 
 @gin.configurable
-def demo_examples(split: str = "test", num_examples: int = 32, input_length: int = 128,
-                  vocabulary: Optional[str] = None) -> List[Example]:
-    """The demo corpus (stdlib functions -> first docstring sentence), the task the shipped
-    pair was trained on; ids are the examples' positions in the split."""
+def demo_examples(split: str = "test", num_examples: int = 32,
+                  input_length: Optional[int] = None, vocabulary: Optional[str] = None,
+                  task: Optional[str] = None) -> List[Example]:
+    """The demo corpus (stdlib functions -> first docstring sentence) as the shipped pair
+    reads it: its task and input length (`DEMO_TASK`, `DEMO_INPUT_LENGTH`) unless given;
+    ids are the examples' positions in the split."""
+    from speculative_t5.checkpoints.demo import DEMO_INPUT_LENGTH, DEMO_TASK
     from speculative_t5.data.demo_corpus import build_corpus
     vocab = Vocabulary(vocabulary or demo_model_dir("vocabulary"))
-    rows = [e for e in build_corpus() if e["split"] == split][:num_examples]
+    rows = [e for e in build_corpus(task=task or DEMO_TASK) if e["split"] == split]
+    rows = rows[:num_examples]
     if not rows:
         raise ValueError(f"demo corpus has no examples in split {split!r}")
-    return [{"id": f"{split}-{i}", "inputs": truncate(vocab.encode(e["input"]), input_length),
+    length = input_length or DEMO_INPUT_LENGTH
+    return [{"id": f"{split}-{i}", "inputs": truncate(vocab.encode(e["input"]), length),
              "input_text": e["input"], "reference": e["target"]} for i, e in enumerate(rows)]
 
 

@@ -18,6 +18,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 import gin
 import jax
 
+from speculative_t5.data.demo_corpus import source_of
 from speculative_t5.experiments import drivers, timed
 from speculative_t5.experiments.rundir import RunDir
 from speculative_t5.measure.quality import name_baseline, summary_quality
@@ -306,7 +307,7 @@ def _report(s: Dict, examples: List[Dict]) -> str:
     lines += ["", "![tokens per call](tokens_per_call.png) ![speedup vs gamma](speedup_vs_gamma.png)",
               "", "## Examples (greedy)", ""]
     for ex in examples:
-        lines += [f"```python\n{ex['input'][len('summarize: '):][:400]}\n```",
+        lines += [f"```python\n{source_of(ex['input'])[:400]}\n```",
                   f"- reference: {ex['reference']}", f"- plain: {ex['plain_output']}",
                   f"- speculative: {ex['spec_output']}", ""]
     return "\n".join(lines)
@@ -325,7 +326,7 @@ def _print(s: Dict, examples: List[Dict], output_dir: str) -> None:
     for col in ("function (docstring removed)", "plain decode", "speculative decode"):
         table.add_column(col, overflow="fold")
     for ex in examples:
-        src = ex["input"][len("summarize: "):]
+        src = source_of(ex["input"])
         table.add_row(src[:200] + ("..." if len(src) > 200 else ""), ex["plain_output"],
                       ex["spec_output"])
     console.print(table)
