@@ -73,6 +73,7 @@ def test_summarize_named_task_spells_the_name_out_first():
         e["input"][len(demo_corpus.PREFIX):] for e in plain]
     assert demo_corpus.source_of(named[0]["input"]).startswith("def getArea_2d(w, h):")
 
+
 def test_demo_examples_read_inputs_as_the_shipped_pair_was_trained():
     from speculative_t5.checkpoints import demo
     from speculative_t5.experiments.cells import demo_examples
