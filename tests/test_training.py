@@ -2,6 +2,7 @@
 import json
 import os
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -139,8 +140,19 @@ def test_warm_start_begins_from_another_runs_weights(corpus_dir, tmp_path):
         np.testing.assert_array_equal(a, b)
     cold = training.train(model_dir=str(tmp_path / "cold"), steps=4, max_steps_per_run=0, **kw)
     assert any(not np.array_equal(a, b) for a, b in zip(jax_leaves(cold), jax_leaves(first)))
-    with pytest.raises(ValueError, match="no training checkpoint"):
+    # or from a released checkpoint directory: the native float32 copy exactly, the Hugging
+    # Face export as its bfloat16 weights held in float32
+    for sub, dtype in (("model", np.float32), ("hf", jnp.bfloat16)):
+        warm = training.train(model_dir=str(tmp_path / f"warm_{sub}"), steps=4,
+                              max_steps_per_run=0, init_from=str(tmp_path / "first" / sub), **kw)
+        for a, b in zip(jax_leaves(warm), jax_leaves(first)):
+            assert a.dtype == np.float32
+            np.testing.assert_array_equal(a, np.asarray(b).astype(dtype).astype(np.float32))
+    with pytest.raises(ValueError, match="neither a training run's model_dir"):
         training.train(model_dir=str(tmp_path / "x"), steps=4, init_from=str(tmp_path / "none"), **kw)
+    os.makedirs(tmp_path / "empty" / "checkpoints")
+    with pytest.raises(ValueError, match="no training checkpoint"):
+        training.train(model_dir=str(tmp_path / "x"), steps=4, init_from=str(tmp_path / "empty"), **kw)
     with pytest.raises(ValueError, match="do not fit this run's model config"):
         training.train(model_dir=str(tmp_path / "y"), steps=4, init_from=str(tmp_path / "first"),
                        **{**kw, "config": st.T5Config(**{**TINY, "mlp_dim": 48})})
@@ -173,6 +185,11 @@ def test_distillation_raises_alpha(corpus_dir, tmp_path):
     a0 = measure_alpha(teacher, before, x, y, s)[0]
     a1 = measure_alpha(teacher, after, x, y, s)[0]
     assert a1 > a0 + 0.1, (a0, a1)
+    # a distillation warm-started from a draft begins exactly at its weights
+    warm = training.distill(model_dir=str(tmp_path / "d2"), steps=4, max_steps_per_run=0,
+                            init_from=str(tmp_path / "d1" / "model"), **kw)
+    for a, b in zip(jax_leaves(warm), jax_leaves(after)):
+        np.testing.assert_array_equal(a, b)
 
 
 def _write_package(root, name, source):

@@ -157,21 +157,30 @@ def fit(model_dir: str, model: Model, loss_fn: Callable, data: Dict[str, np.ndar
     return trained, stop == steps
 
 
-def _newest_params(model_dir: str, like):
-    """The weights of model_dir's newest training checkpoint, which must have the tree
-    and shapes of `like` (this run's params)."""
+def _newest_params(init_from: str, like):
+    """The weights to warm-start from, which must have the tree and shapes of `like` (this
+    run's params): another run's model_dir (its newest training checkpoint), or a released
+    checkpoint directory that `load_checkpoint` reads (Hugging Face, T5X or native; T5X's
+    `initial_checkpoint_path`), held in float32 whatever dtype it was saved in."""
     import orbax.checkpoint as ocp
-    ckpt_dir = os.path.abspath(os.path.join(model_dir, "checkpoints"))
-    with ocp.CheckpointManager(ckpt_dir) as manager:
-        step = manager.latest_step()
-        if step is None:
-            raise ValueError(f"init_from {model_dir}: no training checkpoint in {ckpt_dir}")
-        params = manager.restore(step)["params"]
+    ckpt_dir = os.path.abspath(os.path.join(init_from, "checkpoints"))
+    if os.path.isdir(ckpt_dir):
+        with ocp.CheckpointManager(ckpt_dir) as manager:
+            step = manager.latest_step()
+            if step is None:
+                raise ValueError(f"init_from {init_from}: no training checkpoint in {ckpt_dir}")
+            params, source = manager.restore(step)["params"], f"its step-{step} weights"
+    else:
+        try:
+            params = load_checkpoint(init_from, dtype="float32").params
+        except (OSError, ValueError) as e:
+            raise ValueError(f"init_from {init_from}: neither a training run's model_dir (no "
+                             f"checkpoints/) nor a checkpoint load_checkpoint reads: {e}") from e
+        source = "its weights"
     shapes = [jax.tree_util.tree_map(jnp.shape, p) for p in (params, like)]
     if shapes[0] != shapes[1]:
-        raise ValueError(f"init_from {model_dir}: its step-{step} weights do not fit this "
-                         f"run's model config")
-    return jax.tree_util.tree_map(jnp.asarray, params)
+        raise ValueError(f"init_from {init_from}: {source} do not fit this run's model config")
+    return jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), params)
 
 
 def _write_outputs(model_dir: str, model: Model, vocab, export_dtype: str):
@@ -234,8 +243,8 @@ def train(model_dir: str = gin.REQUIRED, data_dir: str = gin.REQUIRED,
           target_weight: int = 1, task: str = "summarize", vocab_file: Optional[str] = None,
           init_from: Optional[str] = None, quiet: bool = False) -> Model:
     """Train a T5 on the demo corpus (teacher-forced cross-entropy), from scratch or, with
-    `init_from` (another run's model_dir), from that run's newest weights with a fresh
-    optimizer and schedule. packages, target_weight, task, vocab_file: how the corpus is
+    `init_from` (another run's model_dir, or a checkpoint directory such as a released
+    pair's), from those weights with a fresh optimizer and schedule. packages, target_weight, task, vocab_file: how the corpus is
     built (`prepare_data`; a warm start passes the vocabulary its weights know)."""
     vocab = prepare_data(data_dir, vocab_size, packages, target_weight, task, vocab_file)
     if vocab.size > config.vocab_size:
@@ -279,10 +288,11 @@ def distill(model_dir: str = gin.REQUIRED, teacher: str = gin.REQUIRED,
             checkpoint_every: int = 100, max_examples: Optional[int] = None,
             temperature: float = 1.0, export_dtype: str = "bfloat16",
             max_steps_per_run: Optional[int] = None, packages: bool = False,
-            target_weight: int = 1, task: str = "summarize", quiet: bool = False) -> Model:
+            target_weight: int = 1, task: str = "summarize", init_from: Optional[str] = None,
+            quiet: bool = False) -> Model:
     """Train a draft to match a teacher: forward KL(p_teacher || q_draft) per token, on the
     data's targets and on the teacher's own greedy outputs (what it will be asked to draft).
-    data_dir, task: the teacher's corpus (`prepare_data`)."""
+    data_dir, task: the teacher's corpus (`prepare_data`). init_from: as in `train`."""
     vocab = prepare_data(data_dir, vocab_size, packages, target_weight, task)
     teacher_model = load_checkpoint(teacher, dtype="float32")
     if teacher_model.config.vocab_size != config.vocab_size:
@@ -309,4 +319,4 @@ def distill(model_dir: str = gin.REQUIRED, teacher: str = gin.REQUIRED,
         return _masked_mean(jnp.sum(jnp.exp(p) * (p - q), axis=-1), batch["targets"])  # KL [B, T]
 
     return _fit_and_export(model_dir, config, loss_fn, data, vocab, "distill", export_dtype,
-                           **_fit_kwargs(locals()))
+                           init_from=init_from, **_fit_kwargs(locals()))
