@@ -192,6 +192,36 @@ def test_distillation_raises_alpha(corpus_dir, tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
+def test_teacher_outputs_resume_after_a_kill_and_refuse_another_teacher(tmp_path, monkeypatch):
+    import sys
+    teacher = st.init_model(st.T5Config(**TINY), seed=0)
+    x = np.random.RandomState(0).randint(2, 100, (11, 8)).astype(np.int32)
+    whole = training.teacher_outputs(teacher, x, 6, batch_size=2)
+    assert whole.shape == (11, 6)
+    cache = str(tmp_path / "outputs.npz")
+    module = sys.modules["speculative_t5.generate"]
+    real, calls = module.generate, []
+
+    def dies_on_the_fourth_batch(*a, **k):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(module, "generate", dies_on_the_fourth_batch)
+    with pytest.raises(KeyboardInterrupt):
+        training.teacher_outputs(teacher, x, 6, batch_size=2, cache=cache, save_every=2)
+    monkeypatch.setattr(module, "generate", real)
+    assert np.load(cache)["outputs"].shape == (4, 6)   # two batches saved before the kill
+    np.testing.assert_array_equal(
+        training.teacher_outputs(teacher, x, 6, batch_size=2, cache=cache, save_every=2), whole)
+    np.testing.assert_array_equal(np.load(cache)["outputs"], whole)
+    other = st.init_model(st.T5Config(**TINY), seed=1)
+    for args in ((other, x), (teacher, x[::-1].copy())):
+        with pytest.raises(ValueError, match="another teacher or other inputs"):
+            training.teacher_outputs(*args, 6, batch_size=2, cache=cache)
+
+
 def _write_package(root, name, source):
     os.makedirs(os.path.join(root, name), exist_ok=True)
     with open(os.path.join(root, name, "__init__.py"), "w") as f:

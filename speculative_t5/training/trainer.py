@@ -262,21 +262,44 @@ def train(model_dir: str = gin.REQUIRED, data_dir: str = gin.REQUIRED,
                            init_from=init_from, **_fit_kwargs(locals()))
 
 
+def _outputs_key(teacher: Model, inputs: np.ndarray, length: int) -> str:
+    """What a cache of teacher outputs was made from: the teacher's weights, the inputs, the
+    length (sha256), so a cache left by another teacher or corpus is never mixed in."""
+    import hashlib
+    h = hashlib.sha256(f"{length}\0{inputs.shape}\0".encode())
+    h.update(np.ascontiguousarray(inputs, np.int32).tobytes())
+    for leaf in jax.tree_util.tree_leaves(teacher.params):
+        h.update(np.asarray(leaf).tobytes())
+    return h.hexdigest()
+
+
 def teacher_outputs(teacher: Model, inputs: np.ndarray, length: int, batch_size: int = 64,
-                    cache: Optional[str] = None) -> np.ndarray:
-    """The teacher's greedy outputs for every input (saved to `cache` to survive restarts)."""
+                    cache: Optional[str] = None, save_every: int = 64) -> np.ndarray:
+    """The teacher's greedy outputs for every input [N, length]. cache: an .npz written every
+    `save_every` batches (atomically), so a killed run continues where it stopped; one made
+    by another teacher or for other inputs is refused, not reused."""
     from speculative_t5.generate import generate
+    key, outs = _outputs_key(teacher, inputs, length), []
     if cache and os.path.exists(cache):
-        return np.load(cache)
-    outs = []
-    for i in range(0, len(inputs), batch_size):
+        with np.load(cache) as saved:
+            if str(saved["key"]) != key:
+                raise ValueError(f"{cache} holds the outputs of another teacher or other "
+                                 f"inputs: delete it or use another model_dir")
+            outs = [saved["outputs"]]
+    done = sum(len(o) for o in outs)
+
+    def save():
+        tmp = cache + ".tmp.npz"
+        np.savez(tmp, key=key, outputs=np.concatenate(outs).astype(np.int32))
+        os.replace(tmp, cache)
+
+    for n, i in enumerate(range(done, len(inputs), batch_size), 1):
         chunk = inputs[i:i + batch_size]
-        outs.append(generate(teacher, pad_rows(chunk, batch_size),
-                             max_decode_len=length).tokens[:len(chunk)])
-    out = np.concatenate(outs).astype(np.int32)
-    if cache:
-        np.save(cache, out)
-    return out
+        outs.append(np.asarray(generate(teacher, pad_rows(chunk, batch_size),
+                                        max_decode_len=length).tokens[:len(chunk)]))
+        if cache and (n % save_every == 0 or i + batch_size >= len(inputs)):
+            save()
+    return np.concatenate(outs).astype(np.int32) if outs else np.zeros((0, length), np.int32)
 
 
 @gin.configurable(denylist=["quiet"])
@@ -303,7 +326,7 @@ def distill(model_dir: str = gin.REQUIRED, teacher: str = gin.REQUIRED,
     targets = tokenize([r["target"] for r in rows], vocab, target_len)
     os.makedirs(model_dir, exist_ok=True)
     generated = teacher_outputs(teacher_model, inputs, target_len,
-                                cache=os.path.join(model_dir, "teacher_outputs.npy"))
+                                cache=os.path.join(model_dir, "teacher_outputs.npz"))
     data = {"inputs": np.concatenate([inputs, inputs]),
             "targets": np.concatenate([targets, generated])}
     module, tmodule = T5(config), T5(teacher_model.config)
