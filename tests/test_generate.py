@@ -113,9 +113,9 @@ def test_rounds_past_the_caches_end_change_no_token(target, drafts, inputs):
     """A speculative decode's caches end at max_decode_len (`cache_positions`: here exactly
     16 and 32 positions), so a round near the end feeds up to gamma tokens past them, whose
     writes are dropped (gamma 7 at 16, 3 at 32). Greedy: plain greedy's tokens, for every
-    draft kind, block verification and adaptive gamma. T = 1, token-wise: each row's tokens are those of a
-    decode one token longer (caches of 32 positions: nothing dropped) from the same row
-    keys, cut at max_decode_len."""
+    draft kind, block verification and adaptive gamma. T = 1, token-wise: each row's tokens
+    are those of a decode one token longer (caches of 32 positions: nothing dropped) from
+    the same row keys, cut at max_decode_len."""
     lookup = st.drafts.PromptLookup(2)
     runs = {"model": dict(draft=drafts["perturbed"]),
             "block": dict(draft=drafts["perturbed"], verification="block"),

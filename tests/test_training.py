@@ -152,7 +152,8 @@ def test_warm_start_begins_from_another_runs_weights(corpus_dir, tmp_path):
         training.train(model_dir=str(tmp_path / "x"), steps=4, init_from=str(tmp_path / "none"), **kw)
     os.makedirs(tmp_path / "empty" / "checkpoints")
     with pytest.raises(ValueError, match="no training checkpoint"):
-        training.train(model_dir=str(tmp_path / "x"), steps=4, init_from=str(tmp_path / "empty"), **kw)
+        training.train(model_dir=str(tmp_path / "x"), steps=4,
+                       init_from=str(tmp_path / "empty"), **kw)
     with pytest.raises(ValueError, match="do not fit this run's model config"):
         training.train(model_dir=str(tmp_path / "y"), steps=4, init_from=str(tmp_path / "first"),
                        **{**kw, "config": st.T5Config(**{**TINY, "mlp_dim": 48})})

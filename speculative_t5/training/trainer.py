@@ -244,8 +244,9 @@ def train(model_dir: str = gin.REQUIRED, data_dir: str = gin.REQUIRED,
           init_from: Optional[str] = None, quiet: bool = False) -> Model:
     """Train a T5 on the demo corpus (teacher-forced cross-entropy), from scratch or, with
     `init_from` (another run's model_dir, or a checkpoint directory such as a released
-    pair's), from those weights with a fresh optimizer and schedule. packages, target_weight, task, vocab_file: how the corpus is
-    built (`prepare_data`; a warm start passes the vocabulary its weights know)."""
+    pair's), from those weights with a fresh optimizer and schedule. packages, target_weight,
+    task, vocab_file: how the corpus is built (`prepare_data`; a warm start passes the
+    vocabulary its weights know)."""
     vocab = prepare_data(data_dir, vocab_size, packages, target_weight, task, vocab_file)
     if vocab.size > config.vocab_size:
         raise ValueError(f"vocabulary has {vocab.size} pieces but config.vocab_size is "
@@ -286,7 +287,7 @@ def teacher_outputs(teacher: Model, inputs: np.ndarray, length: int, batch_size:
                 raise ValueError(f"{cache} holds the outputs of another teacher or other "
                                  f"inputs: delete it or use another model_dir")
             outs = [saved["outputs"]]
-    done = sum(len(o) for o in outs)
+    done = len(outs[0]) if outs else 0
 
     def save():
         tmp = cache + ".tmp.npz"
