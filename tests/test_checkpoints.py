@@ -61,6 +61,17 @@ def test_t5x_orbax(model, item_dir, tmp_path):
     _same_model(model, st.load_checkpoint(ckpt))
 
 
+def test_exported_files_follow_the_umask(model, tmp_path):
+    """safetensors alone writes 0600: an export others on the machine could not read."""
+    old = os.umask(0o022)
+    try:
+        st.export_hf(model, str(tmp_path / "hf"))
+    finally:
+        os.umask(old)
+    for name in ("model.safetensors", "config.json"):
+        assert os.stat(tmp_path / "hf" / name).st_mode & 0o777 == 0o644, name
+
+
 def test_native_round_trip_and_dtype(model, tmp_path):
     st.save_checkpoint(model, str(tmp_path / "m"))
     assert st.detect_format(str(tmp_path / "m")) == "native"

@@ -279,6 +279,9 @@ def export_hf(model: Model, path: str) -> None:
         arr = arr.T if transpose else arr
         tensors[name] = np.ascontiguousarray(arr)
     save_file(tensors, os.path.join(path, SAFETENSORS), metadata={"format": "pt"})
+    umask = os.umask(0)  # safetensors writes 0600 whatever the umask: a shared checkpoint
+    os.umask(umask)      # must be readable as config.json is
+    os.chmod(os.path.join(path, SAFETENSORS), 0o666 & ~umask)
     cfg = model.config.to_hf_config()
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2, sort_keys=True)
