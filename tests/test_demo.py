@@ -19,7 +19,8 @@ def test_shipped_pair_loads_and_is_small():
     target, draft, vocab = st.load_demo()
     assert target.config.vocab_size == draft.config.vocab_size
     assert draft.num_params() * 5 < target.num_params()
-    assert not target.config.logits_via_embedding and target.config.is_gated  # T5.1.1
+    for m in (target, draft):  # gated GELU, output layer tied to the embedding (configs/demo_*.gin)
+        assert m.config.logits_via_embedding and m.config.is_gated
     def size(*names):
         return sum(os.path.getsize(os.path.join(d, f)) for n in names
                    for d, _, fs in os.walk(os.path.join(DEMO_DIR, n)) for f in fs)

@@ -10,8 +10,8 @@ from speculative_t5.model.api import Model
 # How the shipped T5 pair's inputs are built (configs/demo_target.gin trained it so): the
 # corpus task (`demo_corpus.TASKS`) and the input pieces kept. Everything that feeds the pair
 # demo inputs (`cells.demo_examples`, the benchmarks) reads them here.
-DEMO_TASK = "summarize"
-DEMO_INPUT_LENGTH = 128
+DEMO_TASK = "summarize_named"
+DEMO_INPUT_LENGTH = 32
 
 DEMO_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "demo_models")
 
