@@ -11,6 +11,7 @@ INSTALL_REQUIRES = [
     "tqdm", "rich", "matplotlib", "scipy",
     "rouge-score",  # the demo's report scores its summaries (the main command needs it)
     "tokenizers",   # GPT-2's byte-level BPE (vocab.json + merges.txt)
+    "filelock",     # JAX locks its bounded compile cache with it (commands.enable_compile_cache)
 ]
 EXTRAS = {
     "data": ["seqio", "tensorflow-datasets", "sacrebleu"],

@@ -28,9 +28,9 @@ import jax
 import numpy as np
 
 import speculative_t5 as st
-from speculative_t5.experiments.cells import demo_examples
-from speculative_t5.measure.timing import interleaved_medians
-from bench_drafts import batches_of  # the inputs batched as the benchmarks batch them
+from speculative_t5.paper.cells import demo_examples
+from speculative_t5.calibration import interleaved_medians
+from bench_common import batches_of
 
 MAX_LEN = 64
 

@@ -19,7 +19,8 @@ import platform
 import jax
 
 import speculative_t5 as st
-from speculative_t5.measure.timing import decoder_step_bytes, step_times
+from speculative_t5.calibration import step_times
+from speculative_t5.measure.timing import decoder_step_bytes
 
 
 def main():

@@ -22,8 +22,9 @@ import numpy as np
 
 import speculative_t5 as st
 from speculative_t5.data.demo_corpus import build_corpus
-from speculative_t5.experiments.cells import demo_examples
+from speculative_t5.paper.cells import demo_examples
 from speculative_t5.measure import analysis
+from bench_common import batches_of
 
 MAX_LEN = 64
 
@@ -49,16 +50,6 @@ def run(target, batches, temperature, **kw):
         once()
         seconds.append(time.perf_counter() - t0)
     return counts + (statistics.median(seconds),)
-
-
-def batches_of(examples, batch):
-    """The inputs in batches of `batch` rows, each padded to a multiple of 32 positions."""
-    out = []
-    for i in range(0, len(examples), batch):
-        chunk = examples[i:i + batch]
-        width = -(-max(len(e["inputs"]) for e in chunk) // 32) * 32
-        out.append(st.data.pad_to([e["inputs"] for e in chunk], width))        # [B, W]
-    return out
 
 
 def main():

@@ -25,7 +25,7 @@ import numpy as np
 
 import speculative_t5 as st
 from speculative_t5.measure import analysis
-from speculative_t5.measure.timing import interleaved_medians, step_times
+from speculative_t5.calibration import interleaved_medians, step_times
 
 
 def main():

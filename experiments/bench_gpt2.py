@@ -50,7 +50,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 import speculative_t5 as st
-from peer_args import peer_parser
+from bench_common import peer_parser
 from speculative_t5 import GPT2Config
 from speculative_t5.decoding.output import combine
 

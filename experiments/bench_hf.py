@@ -31,7 +31,7 @@ from transformers import T5ForConditionalGeneration
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 import speculative_t5 as st
-from peer_args import peer_parser
+from bench_common import peer_parser
 from speculative_t5.data import Vocabulary, pad_rows, tokenize
 from speculative_t5.data.demo_corpus import build_corpus
 from speculative_t5.checkpoints.demo import DEMO_DIR, DEMO_INPUT_LENGTH, DEMO_TASK

@@ -24,7 +24,7 @@ import dataclasses
 import speculative_t5 as st
 from speculative_t5.data import bucket
 from speculative_t5.measure.costs import measure_costs
-from speculative_t5.measure.timing import interleaved_medians
+from speculative_t5.calibration import interleaved_medians
 
 
 def main():

@@ -36,7 +36,7 @@ def from_training(train_dir: str, gin_file: str):
     import gin
     import orbax.checkpoint as ocp
     import speculative_t5.training  # noqa: F401 (the gin file binds train / distill)
-    from speculative_t5.experiments.ginconfig import parse_gin
+    from speculative_t5.paper.ginconfig import parse_gin
     from speculative_t5.model.config import gin_t5_config
     parse_gin([gin_file], [], [])
     config = gin_t5_config()  # T5Config as the gin file binds it

@@ -1,4 +1,4 @@
-"""`speculative-t5 gamma_sweep` as a script (the drivers live in speculative_t5/experiments/):
+"""`speculative-t5 gamma_sweep` as a script (the drivers live in speculative_t5/paper/):
   python experiments/gamma_sweep.py --cell configs/paper/ende_t5_small_t0.gin [--cell ...] \
       --output_dir runs/gamma_sweep [--gin_file=my_checkpoints.gin] [--gin.NUM_EXAMPLES=500]"""
 import sys

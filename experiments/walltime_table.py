@@ -1,4 +1,4 @@
-"""`speculative-t5 walltime_table` as a script (the drivers live in speculative_t5/experiments/):
+"""`speculative-t5 walltime_table` as a script (the drivers live in speculative_t5/paper/):
   python experiments/walltime_table.py --cell configs/paper/ende_t5_small_t0.gin [--cell ...] \
       --output_dir runs/walltime_table [--gin_file=my_checkpoints.gin] [--gin.NUM_EXAMPLES=500]"""
 import sys

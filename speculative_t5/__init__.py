@@ -5,10 +5,10 @@ Layers, each importing only from those listed before it:
   partitioning               the ('data', 'model') mesh and T5X's logical axis rules
   checkpoints                Hugging Face, T5X and native I/O (and the shipped demo pair)
   calibration                model steps timed where the decode runs (adaptive gamma's c, v)
-  generate                   builds step functions from models and runs the loops
+  engine                     `generate`: builds step functions from models and runs the loops
   measure                    alpha, the paper's analysis, timing, the cost model
   training                   train / distill
-  experiments                the paper drivers, the demo, plots, run directories
+  paper                      the paper's drivers and cells, the demo, plots, run directories
   commands                   the `speculative-t5` command line
 """
 from speculative_t5.model import (GPT2Config, Model, T5Config, cast_params, decode, encode, forward,
@@ -20,6 +20,6 @@ from speculative_t5.checkpoints import (CheckpointError, detect_format, export_h
 from speculative_t5.checkpoints.demo import load_demo
 from speculative_t5.decoding import GenerateOutput, SamplingConfig, drafts
 from speculative_t5.calibration import GammaCosts
-from speculative_t5.generate import gamma_costs, generate
+from speculative_t5.engine import gamma_costs, generate
 from speculative_t5.partitioning import Partitioner
 from speculative_t5 import data

@@ -1,6 +1,6 @@
 """Timing the models' steps where the decode runs, for the choices a decode makes from costs
-(adaptive gamma's c and v, `generate.gamma_costs`). The step timers here are the measuring
-core's too (`measure.timing`, costs).
+(adaptive gamma's c and v, `engine.gamma_costs`). The one home of step timing: the cost
+model (`measure.costs`) and the benchmarks import their step timers from here.
 
 A step is timed inside one compiled loop of steps, as a decode loop pays it (no Python
 dispatch per step); variants are timed in turn, medians taken, so noise hits all alike."""

@@ -29,7 +29,7 @@ import os
 import sys
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
-from speculative_t5.experiments.ginconfig import gin_root, parse_gin, split_gin_flags  # noqa: F401 (public)
+from speculative_t5.paper.ginconfig import gin_root, parse_gin, split_gin_flags  # noqa: F401 (public)
 from speculative_t5.commands import interrupt
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -61,7 +61,7 @@ TRAINER_OPTIONS: Tuple[Option, ...] = (
 COMMANDS: Dict[str, Command] = {
     "demo": Command(
         "the shipped pair: plain vs speculative, alpha, c, v, speedup, plots",
-        "speculative_t5.experiments.demo:demo",
+        "speculative_t5.paper.demo:demo",
         (("--output_dir", {}), ("--num_examples", dict(type=int)), ("--gamma", dict(type=int)),
          ("--temperature", dict(type=float)),
          ("--target", dict(help="target checkpoint instead of the shipped one (with --draft, --vocab)")),
@@ -133,11 +133,11 @@ COMMANDS: Dict[str, Command] = {
                           "resumable)", "speculative_t5.training:distill_lm", TRAINER_OPTIONS,
                           "a --gin_file that sets the run (e.g. configs/gpt2_demo_draft.gin)"),
     "alpha_table": Command("paper Table 3: alpha per pair x task x temperature",
-                           "speculative_t5.experiments.drivers:alpha_table", DRIVER_OPTIONS),
+                           "speculative_t5.paper.drivers:alpha_table", DRIVER_OPTIONS),
     "walltime_table": Command("paper Table 2: walltime of plain vs speculative decoding",
-                              "speculative_t5.experiments.drivers:walltime_table", DRIVER_OPTIONS),
+                              "speculative_t5.paper.drivers:walltime_table", DRIVER_OPTIONS),
     "gamma_sweep": Command("paper Figure 5: speedup and operations against gamma",
-                           "speculative_t5.experiments.drivers:gamma_sweep", DRIVER_OPTIONS),
+                           "speculative_t5.paper.drivers:gamma_sweep", DRIVER_OPTIONS),
     "plan": Command(
         "bytes per device, fits per chip and HBM roofline times; nothing allocated",
         "speculative_t5.measure.plan:plan_command",
@@ -163,7 +163,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--gin_file", action="append", default=[], help="gin file (repeatable)")
     p.add_argument("--gin_search_paths", default="", help="comma-separated gin search paths")
     p.add_argument("--debug", action="store_true", help="show a traceback for user errors too")
-    # multi-host (T5X's flags): every process runs the same command; see README "On a TPU VM"
+    # multi-host (T5X's flags): every process runs the same command; see docs/tpu.md
     p.add_argument("--multiprocess", action="store_true",
                    help="join JAX's distributed runtime, found automatically (TPU pod slices, "
                         "SLURM, Open MPI)")
@@ -192,7 +192,11 @@ def _function(path: str) -> Callable:
 
 def enable_compile_cache() -> Optional[str]:
     """Keep compiled programs on disk (JAX's persistent cache) so a second run of a command
-    skips compilation. $SPECULATIVE_T5_COMPILE_CACHE sets the directory; 'off' disables."""
+    skips compilation. $SPECULATIVE_T5_COMPILE_CACHE sets the directory; 'off' disables.
+    The cache is bounded (least recently used entries evicted past 4 GiB), which also makes
+    JAX lock the directory around each read and write: unbounded, it writes entries in
+    place, and a process started beside another (two processes of one multi-host run, two
+    commands) could read a half-written entry and crash in XLA's deserializer."""
     path = os.environ.get("SPECULATIVE_T5_COMPILE_CACHE",
                           os.path.join(os.path.expanduser("~"), ".cache", "speculative_t5", "jax"))
     if path.lower() in ("", "0", "off", "none"):
@@ -204,6 +208,7 @@ def enable_compile_cache() -> Optional[str]:
     import jax
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    jax.config.update("jax_compilation_cache_max_size", 4 << 30)
     return path
 
 

@@ -24,8 +24,8 @@ from speculative_t5.commands import interrupt
 from speculative_t5.data import BPEVocabulary, find_vocabulary, pad_rows, pad_to, read_inputs
 from speculative_t5.decoding.output import combine
 from speculative_t5.decoding.sampling import check_verification
-from speculative_t5.experiments.rundir import JsonlLog, fingerprint
-from speculative_t5.generate import (check_draft, check_draft_stop, check_int, check_lenience,
+from speculative_t5.paper.rundir import JsonlLog, fingerprint
+from speculative_t5.engine import (check_draft, check_draft_stop, check_int, check_lenience,
                                      generate, sampling_config)
 from speculative_t5.partitioning import Partitioner
 

@@ -2,4 +2,5 @@
 from speculative_t5.data.inputs import (bucket, pad_rows, pad_to, read_inputs, tokenize,
                                         truncate)
 from speculative_t5.data.bpe import BPEVocabulary
-from speculative_t5.data.vocabulary import Vocabulary, find_vocabulary
+from speculative_t5.data.lookup import find_vocabulary
+from speculative_t5.data.vocabulary import Vocabulary

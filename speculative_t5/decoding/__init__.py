@@ -1,7 +1,7 @@
 """Decoding: sampling rules, the plain and speculative loops, and what they output.
 
 This layer knows only step functions (`logits, cache = step(cache, tokens, pos)`), never a
-model: `speculative_t5.generate` builds those from models and calls the loops. `drafts`:
+model: `speculative_t5.engine` builds those from models and calls the loops. `drafts`:
 what proposes a speculative round's tokens (a model's step function, prompt lookup, a
 bigram table) behind one protocol."""
 from speculative_t5.decoding import drafts

@@ -127,8 +127,8 @@ def running_alpha(stats: Dict[str, Array], active: Array) -> Array:
     rows themselves (empirical Bayes, a beta-binomial prior worth k drafts, k = p(1 - p) /
     tau^2 from the between-row variance tau^2 by the method of moments, at least 4): at
     T = 1, where rows differ mostly by chance, the least of lightly shrunk rates was biased
-    low and chose too few drafts (`experiments/adaptive_replay.py` at T = 1, batch 8: 0.943
-    of the best fixed gamma before, 1.013 with this); greedy rows that truly differ stay
+    low and chose too few drafts (adaptive gamma replayed on real decodes at T = 1, batch 8:
+    0.943 of the best fixed gamma before, 1.013 with this); greedy rows that truly differ stay
     apart (batch 64: 1.01x plain before, 0.99x). The pooled rate starts from a prior of 3/4
     worth 16 drafts, so a short unlucky start does not end speculation (a plain round adds
     no evidence); one row is its pooled rate."""

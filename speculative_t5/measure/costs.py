@@ -17,7 +17,7 @@ positions, where it was timed); v T: a target step over gamma+1 tokens (the veri
 c T: a one-token draft step;
 T_d2: a draft step over two tokens (the first draft call after a round that accepted every
 draft). Steps are timed inside one compiled loop, as the decode loop runs them
-(`timing.step_timer`). R_gamma: a round's model steps, gamma draft steps then the verify
+(`calibration.step_timer`). R_gamma: a round's model steps, gamma draft steps then the verify
 pass, timed as one compiled loop of rounds with the two models in turn (`timing.round_timer`):
 what v T + gamma c T, each model timed alone, leave out (one model's pass evicting the
 other's weights from the caches) is there; without it (a cost model from parts alone) it is
@@ -56,9 +56,10 @@ import numpy as np
 
 from speculative_t5.decoding.drafts import Fallback
 from speculative_t5.decoding.sampling import SamplingConfig
-from speculative_t5.generate import draft_models
-from speculative_t5.measure.timing import (call_timer, call_width, interleaved_medians, loop_kind,
-                                           loop_timer, round_timer, setup_timer, step_timer)
+from speculative_t5.engine import draft_models
+from speculative_t5.calibration import interleaved_medians, step_timer
+from speculative_t5.measure.timing import (call_timer, call_width, loop_kind, loop_timer,
+                                           round_timer, setup_timer)
 from speculative_t5.model.api import Model
 
 

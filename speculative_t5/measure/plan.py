@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from flax import traverse_util
 
-from speculative_t5.generate import cache_positions
+from speculative_t5.engine import cache_positions
 from speculative_t5.measure.analysis import (best_gamma, expected_tokens_per_call,
                                              walltime_improvement)
 from speculative_t5.model import api, gpt2

@@ -1,5 +1,7 @@
-"""Honest timing helpers for benchmarks: warm-up first (compile excluded), then medians of
-interleaved repetitions so machine noise hits every variant alike."""
+"""Timers of a decode's parts above one model step, for the cost model and the benchmarks:
+per-input set-up, a call of `generate`, speculative rounds, whole loops. Each is a
+no-argument function to time with `calibration.interleaved_medians` (warm-up first, then
+medians of interleaved repetitions); one model step's timers live in `calibration`."""
 from __future__ import annotations
 
 import functools
@@ -10,11 +12,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative_t5.calibration import interleaved_medians, step_timer, step_times  # noqa: F401
 from speculative_t5.decoding.drafts import Fallback, ModelDraft
 from speculative_t5.decoding.loops import plain_decode, speculative_decode
 from speculative_t5.decoding.sampling import SamplingConfig, row_keys
-from speculative_t5.generate import generate
+from speculative_t5.engine import generate
 from speculative_t5.model.api import Model, decode, init_cache, prefill_cache
 
 

@@ -279,7 +279,7 @@ def teacher_outputs(teacher: Model, inputs: np.ndarray, length: int, batch_size:
     """The teacher's greedy outputs for every input [N, length]. cache: an .npz written every
     `save_every` batches (atomically), so a killed run continues where it stopped; one made
     by another teacher or for other inputs is refused, not reused."""
-    from speculative_t5.generate import generate
+    from speculative_t5.engine import generate
     key, outs = _outputs_key(teacher, inputs, length), []
     if cache and os.path.exists(cache):
         with np.load(cache) as saved:

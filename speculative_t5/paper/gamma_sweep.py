@@ -10,9 +10,9 @@ from typing import Any, Dict, List, Optional, Sequence
 import gin
 
 from speculative_t5.decoding.output import combine, ratio
-from speculative_t5.experiments import plots, timed
-from speculative_t5.experiments.cells import Cell
-from speculative_t5.experiments.rundir import RunDir
+from speculative_t5.paper import plots, timed
+from speculative_t5.paper.cells import Cell
+from speculative_t5.paper.rundir import RunDir
 from speculative_t5.measure import analysis
 from speculative_t5.measure.alpha import alpha_of, overlap_sums
 from speculative_t5.measure.costs import draft_model

@@ -68,7 +68,7 @@ class Cell:
         partitioner's shards (a draft model replicated unless it says otherwise), and every
         decode of the cell runs model-parallel over them."""
         from speculative_t5.checkpoints import load_checkpoint, load_draft
-        from speculative_t5.generate import check_draft
+        from speculative_t5.engine import check_draft
         part = self.partitioner if self.partitioner and self.partitioner.mesh.size > 1 else None
         target = load_checkpoint(self.target, dtype=self.dtype, partitioner=part,
                                  activation_dtype=self.activation_dtype)
@@ -186,7 +186,7 @@ def demo_bigram(vocabulary: str = gin.REQUIRED, target: str = gin.REQUIRED,
     train targets (`Bigram.fit`, the target's vocab_size), written once per vocabulary,
     Python version and `top` under ~/.cache/speculative_t5 ($SPECULATIVE_T5_CACHE)."""
     import sys
-    from speculative_t5.experiments.rundir import fingerprint
+    from speculative_t5.paper.rundir import fingerprint
     from speculative_t5.data.demo_corpus import build_corpus
     from speculative_t5.decoding.drafts import Bigram
     from speculative_t5.measure.plan import read_config

@@ -21,9 +21,9 @@ from speculative_t5.checkpoints import load_checkpoint
 from speculative_t5.data import BPEVocabulary, pad_to
 from speculative_t5.decoding import SamplingConfig
 from speculative_t5.decoding.output import combine, ratio
-from speculative_t5.experiments import plots
-from speculative_t5.experiments.timed import predicted_seconds
-from speculative_t5.generate import cache_positions, check_pair
+from speculative_t5.paper import plots
+from speculative_t5.paper.timed import predicted_seconds
+from speculative_t5.engine import cache_positions, check_pair
 from speculative_t5.measure.alpha import alpha_of, overlap_sums
 from speculative_t5.measure.analysis import predictions
 from speculative_t5.measure.costs import measure_costs

@@ -19,8 +19,8 @@ import gin
 import jax
 
 from speculative_t5.data.demo_corpus import source_of
-from speculative_t5.experiments import drivers, timed
-from speculative_t5.experiments.rundir import RunDir
+from speculative_t5.paper import drivers, timed
+from speculative_t5.paper.rundir import RunDir
 from speculative_t5.measure.quality import name_baseline, summary_quality
 
 PAIR = "the shipped demo pair (16.1M target, 0.66M draft)"
@@ -219,7 +219,7 @@ def _gpt2(output_dir, num_examples, gamma, temperature, timing_rounds, target, d
     """The GPT-2 demo: held-out stdlib modules' function bodies to complete."""
     from speculative_t5.checkpoints.demo import demo_paths
     from speculative_t5.data.code_corpus import heldout_prompts
-    from speculative_t5.experiments.demo_gpt2 import demo_gpt2
+    from speculative_t5.paper.demo_gpt2 import demo_gpt2
     if vocab:
         raise ValueError("a GPT-2 reads vocab.json + merges.txt from --target's directory; "
                          "--vocab is for T5")

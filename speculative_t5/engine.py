@@ -91,9 +91,8 @@ def cache_positions(max_decode_len: int, prompt: int = 0) -> int:
     (max_decode_len + gamma + 1) made every step attend over more keys: at batch 64 a
     round that drafts nothing ran 0.91x a plain step, now 1.02x
     (`experiments/bench_adaptive.py`, never drafting). XLA's CPU kernels ran steps
-    over an odd cache length slower (demo pair, `experiments/bench_cache_length.py`: the
-    target's one-token step at batch 32 over 69 positions 8.85-9.36 ms, over 80 8.20-8.66
-    ms; at batch 1 and 8 within noise), hence the rounding."""
+    over an odd cache length slower (the demo pair's one-token step at batch 32: about 7%
+    slower over 69 positions than over 80), hence the rounding."""
     n = prompt + max_decode_len
     return -(-n // CACHE_MULTIPLE) * CACHE_MULTIPLE - prompt
 
@@ -393,7 +392,7 @@ def gamma_costs(model: Model, draft, input_ids, gamma: int = 4, max_decode_len: 
     round's marginal price, what a choice between round sizes trades: a decode's total over
     its rounds also charges its set-up (encoder, caches, the host round trip; ~3.4 plain
     steps at batch 1 on the demo pair) to them, the more the fewer and longer they are --
-    7-16% dear, `experiments/gamma_costs_slope.py`. Below 16 tokens the one length's total
+    7-16% dear on the demo pair. Below 16 tokens the one length's total
     over its rounds is used. c = the draft models' one-token steps (timed in compiled
     loops; 0 without a draft model) over P, w = their (gamma + 1)-token steps (catching up
     after plain rounds) over P, v = R_gamma / P - gamma c, v1 = R_1 / P - c (rounds of one

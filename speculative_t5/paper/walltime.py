@@ -14,11 +14,11 @@ import gin
 import numpy as np
 
 from speculative_t5.data import pad_rows
-from speculative_t5.generate import generate
+from speculative_t5.engine import generate
 from speculative_t5.decoding.output import combine
-from speculative_t5.experiments import plots, timed
-from speculative_t5.experiments.cells import Cell
-from speculative_t5.experiments.rundir import RunDir
+from speculative_t5.paper import plots, timed
+from speculative_t5.paper.cells import Cell
+from speculative_t5.paper.rundir import RunDir
 from speculative_t5.measure import analysis
 from speculative_t5.measure.alpha import alpha_of, overlap_sums
 

@@ -1,7 +1,11 @@
-"""The options every benchmark against Hugging Face takes (`bench_hf.py`, `bench_gpt2.py`):
-gamma, new tokens, repeats and torch's threads, set here so both read them alike."""
+"""What the benchmarks share: the demo inputs batched alike (`batches_of`) and the options
+every benchmark against Hugging Face takes (`peer_parser`: `bench_hf.py`, `bench_gpt2.py`).
+Imported by the scripts beside it (run as `python experiments/NAME.py`)."""
 import argparse
 import os
+
+import speculative_t5 as st
+
 
 
 def peer_parser(doc: str, max_new_tokens: int = 32, repeats: int = 3) -> argparse.ArgumentParser:
@@ -13,3 +17,13 @@ def peer_parser(doc: str, max_new_tokens: int = 32, repeats: int = 3) -> argpars
     p.add_argument("--repeats", type=int, default=repeats, help="timed repetitions (medians)")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     return p
+
+
+def batches_of(examples, batch):
+    """The inputs in batches of `batch` rows, each padded to a multiple of 32 positions."""
+    out = []
+    for i in range(0, len(examples), batch):
+        chunk = examples[i:i + batch]
+        width = -(-max(len(e["inputs"]) for e in chunk) // 32) * 32
+        out.append(st.data.pad_to([e["inputs"] for e in chunk], width))        # [B, W]
+    return out

@@ -14,9 +14,9 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import jax
 
-from speculative_t5.experiments.cells import Cell
-from speculative_t5.experiments.rundir import RunDir
-from speculative_t5.generate import cache_positions
+from speculative_t5.paper.cells import Cell
+from speculative_t5.paper.rundir import RunDir
+from speculative_t5.engine import cache_positions
 from speculative_t5.measure.costs import Costs, PartTimers, timed_parts
 from speculative_t5.measure.timing import decoder_step_bytes, timed_decodes
 

@@ -12,12 +12,12 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from speculative_t5.experiments import plots
+from speculative_t5.paper import plots
 from speculative_t5.measure.alpha import alpha_of, overlap_sums
 from speculative_t5.data import pad_rows
-from speculative_t5.generate import generate
-from speculative_t5.experiments.cells import Cell
-from speculative_t5.experiments.rundir import RunDir
+from speculative_t5.engine import generate
+from speculative_t5.paper.cells import Cell
+from speculative_t5.paper.rundir import RunDir
 
 
 @gin.configurable(denylist=["cell", "run"])

@@ -20,10 +20,10 @@ from typing import Any, Callable, Dict, List, Sequence
 
 import gin
 
-from speculative_t5.experiments import timed
-from speculative_t5.experiments.cells import Cell, build_cell
-from speculative_t5.experiments.ginconfig import parse_gin
-from speculative_t5.experiments.rundir import RunDir, coordinated_dir
+from speculative_t5.paper import timed
+from speculative_t5.paper.cells import Cell, build_cell
+from speculative_t5.paper.ginconfig import parse_gin
+from speculative_t5.paper.rundir import RunDir, coordinated_dir
 
 RUN_BLOCKS = {"alpha_table": "runs/alpha.gin", "walltime_table": "runs/walltime.gin",
               "gamma_sweep": "runs/gamma_sweep.gin"}

@@ -4,8 +4,8 @@ run directory: `run("walltime_table", cells, output_dir)`, or the command-line e
 `alpha_table`, `walltime_table`, `gamma_sweep` below."""
 from typing import Any, Dict, List, Optional, Sequence
 
-from speculative_t5.experiments import alpha_table as _alpha, gamma_sweep as _sweep, walltime as _walltime
-from speculative_t5.experiments.grid import run_grid
+from speculative_t5.paper import alpha_table as _alpha, gamma_sweep as _sweep, walltime as _walltime
+from speculative_t5.paper.grid import run_grid
 
 DRIVERS = {"alpha_table": (_alpha.alpha_cell, _alpha.finish),
            "walltime_table": (_walltime.walltime_cell, _walltime.finish),
