@@ -139,7 +139,7 @@ def run_processes(args, n=2, devices=4, timeout=600):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, SPECULATIVE_T5_COMPILE_CACHE="off",
+    env = dict(os.environ,  # the run's compile cache (conftest)
                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
     procs = [subprocess.Popen(
         [sys.executable, "-m", "speculative_t5.commands", "--coordinator_address",

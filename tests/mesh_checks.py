@@ -1,6 +1,7 @@
 """Run by tests/test_partitioning.py in a subprocess with 8 host CPU devices (JAX fixes
 the device count at start-up, and the test process already has 1): partitioned decodes
-against unpartitioned ones on several meshes. Prints one JSON object."""
+against unpartitioned ones on several meshes. Prints one JSON object. Arguments: the
+checks to run (`decodes`, `errors`, `exactness`, `gpt2`; `decodes:4x2,1x8` for some meshes)."""
 import json
 import os
 import sys
@@ -12,12 +13,13 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import speculative_t5 as st  # noqa: E402
+from speculative_t5.commands import enable_compile_cache  # noqa: E402
 from speculative_t5.model.api import cache_axes, init_cache, prefill_cache  # noqa: E402
 
 MESHES = {"1x8": 8, "2x4": 4, "8x1": 1, "4x2": 2}  # data x model -> num_partitions
 
 
-def decodes(results):
+def decodes(results, meshes=",".join(MESHES)):
     cfg = st.T5Config.preset("t5_1_1_tiny").replace(vocab_size=512, num_heads=8, head_dim=16)
     target = st.init_model(cfg, 0)
     draft = st.init_model(cfg.replace(num_decoder_layers=1, mlp_dim=64), 1)
@@ -35,7 +37,8 @@ def decodes(results):
     refs = {name: st.generate(target, ids, max_decode_len=24, rng=jax.random.PRNGKey(3), **kw)
             for name, kw in runs.items()}
     logits = np.asarray(st.forward(target, ids, dec))
-    for mesh, parts in MESHES.items():
+    for mesh in meshes.split(","):
+        parts = MESHES[mesh]
         # greedy and sampled share a program (the temperature is traced); the other
         # settings compile programs of their own, so they run on one mesh only (block
         # verification with a replicated draft, a partitioned draft token-wise)
@@ -143,7 +146,9 @@ def exactness(results):
 
 
 if __name__ == "__main__":
+    enable_compile_cache()  # the test run's cache ($SPECULATIVE_T5_COMPILE_CACHE, conftest)
     out = {"devices": jax.device_count()}
     for part in sys.argv[1:] or ["decodes", "errors", "exactness", "gpt2"]:
-        globals()[part](out)
+        name, _, arg = part.partition(":")  # decodes:4x2,1x8 -> those meshes only
+        globals()[name](out, *([arg] if arg else []))
     print("RESULTS " + json.dumps(out))

@@ -6,7 +6,6 @@ Exact by enumeration at T = 1 (token-wise and block, rounds of 0, 1 and gamma dr
 decode); greedy identical to plain with a model draft and with a fallback whose model
 catches up after plain rounds; with free speculation it is the fixed-gamma decode, key for
 key; with prohibitive costs it is a plain decode; eq. (5)'s choice checked by hand."""
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -178,6 +177,7 @@ def test_rounds_of_every_width_are_exact(scripted, monkeypatch, verification):
     tg._check_stats(out, 3, fixed_model_draft=False)
 
 
+@pytest.mark.slow
 def test_rounds_of_every_width_greedy_equal_plain(scripted, td_greedy_case):
     """Greedy through the script at gamma 7 (widths 1, 3, 7) with a fallback whose model
     draft catches up after plain and lookup rounds at each width."""
@@ -193,6 +193,7 @@ def test_rounds_of_every_width_greedy_equal_plain(scripted, td_greedy_case):
         assert hist[0] > 0 and hist[1] > 0 and hist[2:4].sum() > 0 and hist[4:].sum() > 0, hist
 
 
+@pytest.mark.slow
 def test_the_rule_sees_the_plain_rounds_since_the_last_drafting_round(monkeypatch):
     """`idle` (what a draft model must catch up, priced by choose_gamma) is 0 after a
     drafting round and one more after each plain round: checked round by round on a script
@@ -217,6 +218,7 @@ def test_the_rule_sees_the_plain_rounds_since_the_last_drafting_round(monkeypatc
     assert max(idles) >= 3 and 0 in idles[1:], (seen, out.lengths)
 
 
+@pytest.mark.slow
 def test_free_speculation_is_the_fixed_gamma_decode():
     """c = 0, v = 1: every round drafts gamma, consuming the same keys as the fixed-gamma
     loop, so a T = 1 decode is identical token for token and count for count."""
@@ -229,7 +231,7 @@ def test_free_speculation_is_the_fixed_gamma_decode():
         np.testing.assert_array_equal(adaptive.stats[k], fixed.stats[k])
 
 
-@pytest.mark.parametrize("gamma", [3, 7])
+@pytest.mark.parametrize("gamma", [3, pytest.param(7, marks=pytest.mark.slow)])
 def test_adaptive_greedy_equals_plain(td_greedy_case, gamma):
     target, inputs, plain, _ = td_greedy_case
     draft = st.Model(target.config, jax.tree_util.tree_map(
@@ -251,13 +253,14 @@ def test_adaptive_greedy_equals_plain(td_greedy_case, gamma):
             assert hist[0] > 0 and hist[1:].sum() > 0, (name, hist)
 
 
+@pytest.mark.slow
 def test_measured_costs_price_rounds_by_the_slope(monkeypatch):
     """gamma_costs prices a round by the seconds added over the rounds added between decodes
     to max_decode_len // 4 and max_decode_len, so a decode's set-up is not charged to its
     rounds; below 16 tokens, by one decode's total over its rounds. The clock here is
     synthetic: 10 ms of set-up plus a known price per round (target calls as the decode
     counted them), 0.2 / 0.4 ms for the draft's one- and 4-token steps."""
-    gen = sys.modules["speculative_t5.generate"]  # the module (st.generate is the function)
+    from speculative_t5 import engine as gen
     price = {"plain": 1e-3, "gamma 1": 1.5e-3, "gamma 3": 2.4e-3}  # seconds a round
     calls, last, generate = {}, [], gen.generate
 
@@ -290,6 +293,7 @@ def td_greedy_case():
     return td.make_greedy_case()
 
 
+@pytest.mark.slow
 def test_measured_costs_and_errors():
     target, draft = st.init_model(tx._cfg(), seed=0), st.init_model(tx._cfg(), seed=1)
     ids = np.repeat(tx.INPUT, 4, 0)

@@ -16,7 +16,7 @@ from helpers import random_ids, tiny_config, train_sentencepiece
 from speculative_t5 import commands as cli
 from speculative_t5.decoding import sampling
 from speculative_t5.decoding.sampling import block_weights, verify, verify_block
-from speculative_t5.generate import _generate
+from speculative_t5.engine import _generate
 
 N = 60_000  # samples a run; one batch shape, so runs at one (top_k, top_p, gamma) share a program
 
@@ -264,6 +264,7 @@ def test_verification_option_is_checked_and_named(greedy_setup, tmp_path):
         cli.main(base + ["--gin.decode.verification='block'", "--lenience", "0.5"])
 
 
+@pytest.mark.slow
 def test_decode_command_verification_and_run_header(greedy_setup, tmp_path):
     """`decode --verification block` (or the gin binding decode.verification): the header
     names it, so a rerun with token verification is another run and is refused."""

@@ -56,6 +56,7 @@ def test_fallback_model_charged_for_the_steps_it_ran():
         0.001 + 0.0004 + 5 * (0.005 + 0.0001) + 8 * 0.0002 + 1 * 0.0001)
 
 
+@pytest.mark.slow
 def test_measure_costs_of_zero_cost_drafts():
     """No draft model: c = 0, no draft set-up; the lookup's work is in the loop's per round.
     A Fallback's model steps are timed."""
@@ -112,7 +113,7 @@ def test_loop_timer_runs_the_loops_with_free_steps(top_k):
 def test_parts_by_name_and_medians_beside_the_decodes():
     """Costs <-> parts by name (as the timers and records name them); a part timed beside
     the decodes replaces the up-front one by its median; a record's prediction uses its own."""
-    from speculative_t5.experiments.timed import predicted_seconds
+    from speculative_t5.paper.timed import predicted_seconds
     c = _costs()
     parts = c.parts()
     assert parts["target_1"] == 0.004 and parts["target_8"] == 0.006 and parts["loop_7"] == 0.0002
@@ -131,6 +132,7 @@ def test_parts_by_name_and_medians_beside_the_decodes():
                                         + c.speculative_seconds(32, 4, 3, 1))
 
 
+@pytest.mark.slow
 def test_part_timers_once_times_one_width():
     from speculative_t5.measure.costs import PartTimers
     target = st.init_model(tiny_config(), seed=0)
@@ -152,6 +154,7 @@ def test_part_timers_once_times_one_width():
     assert all(t >= 0 for t in [*once.values(), *measured.parts().values()])
 
 
+@pytest.mark.slow
 def test_a_gpt2_calls_set_up_is_timed_at_the_calls_width():
     """A decoder-only call decodes a prompt one shorter than its positions; `call` is
     reckoned from the set-up timed at that width, not at the steps' width."""

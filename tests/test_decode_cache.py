@@ -121,6 +121,7 @@ def test_param_tree_has_t5x_names_and_logical_axes():
     assert "logits_dense" not in v10["decoder"]
 
 
+@pytest.mark.slow
 def test_bfloat16_params_and_activations_run():
     cfg = tiny_config("t5_1_1", dtype="bfloat16", param_dtype="bfloat16")
     model = st.init_model(cfg, seed=0)

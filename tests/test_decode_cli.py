@@ -94,6 +94,7 @@ def test_decode_errors(setup, tmp_path):
         cli.main(["decode"])
 
 
+@pytest.mark.slow
 def test_decode_zero_cost_and_fallback_drafts(setup, tmp_path):
     """--draft prompt_lookup (no model) and 'prompt_lookup,DIR' (a fallback) with
     --draft_stop: greedy outputs identical to plain; the header names every part; a
@@ -133,6 +134,7 @@ def test_decode_zero_cost_and_fallback_drafts(setup, tmp_path):
     assert not os.path.exists(tmp_path / "bad.jsonl")
 
 
+@pytest.mark.slow
 def test_fit_bigram_then_decode_with_it(setup, tmp_path, capsys):
     """fit_bigram on a .tsv's references writes a table `--draft bigram:PATH` decodes with:
     greedy tokens identical to plain, the header naming the table."""

@@ -45,6 +45,7 @@ def test_shipped_target_matches_transformers():
                                atol=1e-3, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_demo_command_end_to_end(tmp_path):
     out = str(tmp_path / "demo")
     # two gammas and 2 timing rounds keep it short; the default sweep is the same code
@@ -83,7 +84,7 @@ def test_demo_command_end_to_end(tmp_path):
 def test_demo_cells_are_the_configs_demo_cells():
     """The demo is the paper drivers over configs/demo/*.gin: with its defaults it writes
     exactly those cells; a changed gamma / temperature / pair is a changed cell."""
-    from speculative_t5.experiments.demo import CELLS, DRAFT_CELLS, cell_text
+    from speculative_t5.paper.demo import CELLS, DRAFT_CELLS, cell_text
     for name in {**CELLS, **DRAFT_CELLS}:
         with open(os.path.join(REPO, "configs", "demo", name + ".gin")) as f:
             assert cell_text(name) == f.read()

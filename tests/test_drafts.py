@@ -14,7 +14,7 @@ import test_exactness as tx
 import test_generate as tg
 from helpers import random_ids, tiny_config
 from speculative_t5.decoding.drafts import Bigram, ModelDraft, PromptLookup, one_hot_proposal
-from speculative_t5.generate import step_fn
+from speculative_t5.engine import step_fn
 from speculative_t5.model.api import init_cache
 
 N = 60_000
@@ -217,7 +217,7 @@ def greedy_case():
 
 
 @pytest.mark.parametrize("kind", ["prompt_lookup", "bigram"])
-@pytest.mark.parametrize("gamma", [3, 7])
+@pytest.mark.parametrize("gamma", [3, pytest.param(7, marks=pytest.mark.slow)])
 def test_greedy_equals_plain(greedy_case, kind, gamma):
     target, inputs, plain, free_tokens = greedy_case
     draft = PromptLookup() if kind == "prompt_lookup" else Bigram.fit(free_tokens, 53, top=4)
@@ -358,7 +358,7 @@ def test_exactness_test_detects_a_biased_draft_stop(target8, draft8, monkeypatch
     assert pvalue < 1e-3, pvalue
 
 
-@pytest.mark.parametrize("gamma", [3, 7])
+@pytest.mark.parametrize("gamma", [3, pytest.param(7, marks=pytest.mark.slow)])
 def test_fallback_and_draft_stop_greedy_equal_plain(greedy_case, gamma):
     target, inputs, plain, _ = greedy_case
     draft = st.Model(target.config, st.init_model(tiny_config(), seed=3).params)

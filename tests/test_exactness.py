@@ -170,7 +170,7 @@ def test_caches_that_end_at_max_decode_len_stay_exact(pair, verification):
     tokens still follow the target's distribution exactly, T = 1."""
     from speculative_t5.decoding.drafts import ModelDraft
     from speculative_t5.decoding.loops import speculative_decode
-    from speculative_t5.generate import step_fn
+    from speculative_t5.engine import step_fn
     from speculative_t5.model.api import init_cache
     target, draft = pair
     sampling = SETTINGS["T=1"]

@@ -7,7 +7,7 @@ import pytest
 
 import speculative_t5 as st
 from helpers import random_ids, tiny_config
-from speculative_t5.generate import _generate, cache_positions
+from speculative_t5.engine import _generate, cache_positions
 
 MAX_LEN = 23  # not a multiple of gamma + 1 for any gamma tested
 
@@ -62,7 +62,8 @@ def _check_stats(out, gamma, fixed_model_draft=True):
 
 
 @pytest.mark.parametrize("kind", ["same", "random", "perturbed"])
-@pytest.mark.parametrize("gamma", [1, 3, 7])
+@pytest.mark.parametrize("gamma", [pytest.param(1, marks=pytest.mark.slow), 3,
+                                   pytest.param(7, marks=pytest.mark.slow)])
 def test_greedy_speculative_equals_plain(target, drafts, inputs, plain, kind, gamma):
     out = st.generate(target, inputs, draft=drafts[kind], gamma=gamma, max_decode_len=MAX_LEN)
     np.testing.assert_array_equal(out.tokens, plain.tokens)
@@ -85,7 +86,7 @@ def test_greedy_speculative_equals_plain(target, drafts, inputs, plain, kind, ga
         assert 0.3 < first < 0.97 and rate > 0.1, (first, rate)  # really mixed acceptance
 
 
-@pytest.mark.parametrize("gamma", [3, 7])
+@pytest.mark.parametrize("gamma", [3, pytest.param(7, marks=pytest.mark.slow)])
 def test_eos_inside_draft_window(target, inputs, plain, gamma):
     """Make a token that greedy decoding emits mid-sequence the EOS: rows stop there, even
     when the EOS is an accepted draft in the middle of a round, and are 0-padded after."""
@@ -109,6 +110,7 @@ def test_eos_inside_draft_window(target, inputs, plain, gamma):
     _check_stats(out, gamma)
 
 
+@pytest.mark.slow
 def test_rounds_past_the_caches_end_change_no_token(target, drafts, inputs):
     """A speculative decode's caches end at max_decode_len (`cache_positions`: here exactly
     16 and 32 positions), so a round near the end feeds up to gamma tokens past them, whose

@@ -122,6 +122,7 @@ def test_errors(dirs, tmp_path):
                       "--max_new_tokens", "16", "--max_decode_len", other])
 
 
+@pytest.mark.slow
 def test_demo_gpt2_runs_on_a_pair(dirs, tmp_path):
     """`demo --family gpt2` with --target/--draft: every file written, the summary's numbers
     consistent with its own records (greedy identical to plain, tokens per call in range)."""

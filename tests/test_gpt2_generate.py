@@ -57,7 +57,8 @@ def _torch_state(model):
     return {k: torch.tensor(v) for k, v in state.items()}
 
 
-@pytest.mark.parametrize("gamma", [1, 3, 7])
+@pytest.mark.parametrize("gamma", [pytest.param(1, marks=pytest.mark.slow), 3,
+                                   pytest.param(7, marks=pytest.mark.slow)])
 def test_speculative_greedy_equals_plain(pair, gamma):
     target, draft, prompts, lengths = pair
     plain = st.generate(target, prompts, prompt_lengths=lengths, max_decode_len=MAX_LEN)

@@ -81,6 +81,7 @@ def fresh_run(data_dir, tmp_path_factory):
     return run, training.train_lm(model_dir=run, data_dir=data_dir, config=TINY, steps=16, **KW)
 
 
+@pytest.mark.slow
 def test_train_lm_lowers_loss_and_resumes(data_dir, fresh_run, tmp_path):
     run = str(tmp_path / "run")
     training.train_lm(model_dir=run, data_dir=data_dir, config=TINY, steps=16,

@@ -183,10 +183,10 @@ def endless(setup):
     return path
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)])
 def test_a_signal_stops_a_long_compiled_decode_within_seconds(setup, endless, tmp_path, sig):
     out = tmp_path / "o.jsonl"
-    env = dict(os.environ, SPECULATIVE_T5_COMPILE_CACHE="off")
+    env = dict(os.environ)  # with the run's compile cache (conftest)
     proc = subprocess.Popen(
         [sys.executable, "-m", "speculative_t5.commands", "decode", "--target", endless,
          "--input_file", setup["inputs"], "--output", str(out), "--batch_size", "1",

@@ -13,10 +13,10 @@ import pytest
 import speculative_t5 as st
 from helpers import run_processes, tiny_config, train_sentencepiece
 from speculative_t5 import commands as cli, training  # noqa: F401 (training: gin configurables)
-from speculative_t5.experiments import drivers as paper
+from speculative_t5.paper import drivers as paper
 from speculative_t5.data import tasks
-from speculative_t5.experiments.cells import build_cell
-from speculative_t5.experiments.rundir import RunDir
+from speculative_t5.paper.cells import build_cell
+from speculative_t5.paper.rundir import RunDir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECKPOINT_MACROS = [f"{t}_T5_1_1_{d} = '/ckpt/{t}_{d}'" for t in ("ENDE", "CNNDM")
@@ -225,6 +225,7 @@ def test_killed_run_resumes_without_gaps_or_repeats(tmp_path, pair, spm, monkeyp
     assert rows[0]["identical_fraction"] == 1.0 and rows[1]["identical_fraction"] is None
 
 
+@pytest.mark.slow
 def test_two_processes_run_a_driver_like_one_and_resume(tmp_path, spm):
     """A driver as two processes on localhost (2 CPU devices each, the target partitioned
     2 ways: mesh 2 x 2 over both): every decode is one program over both processes'
@@ -292,6 +293,7 @@ def test_alpha_table_two_cells(tmp_path, pair, spm):
     assert rows[0]["alpha"] == pytest.approx(agree / total)
 
 
+@pytest.mark.slow
 def test_gamma_sweep(tmp_path, pair, spm):
     cell = _cell_file(tmp_path, pair, spm, "ende_t0")
     out = str(tmp_path / "run")
@@ -309,6 +311,7 @@ def test_gamma_sweep(tmp_path, pair, spm):
                   bindings=["gamma_sweep_cell.gammas = [0]"], quiet=True)
 
 
+@pytest.mark.slow
 def test_gamma_sweep_lookup_cell(tmp_path, pair, spm):
     """A prompt-lookup cell sweeps like any other: no model, so c and c_hat are 0."""
     cell = _cell_file(tmp_path, pair, spm, "lookup_t0", draft="prompt_lookup")
@@ -320,6 +323,7 @@ def test_gamma_sweep_lookup_cell(tmp_path, pair, spm):
     assert all(r["speedup_measured"] > 0 and r["speedup_predicted_full"] > 0 for r in row["rows"])
 
 
+@pytest.mark.slow
 def test_text_file_cell_and_decode_run_block(tmp_path, pair, spm):
     """tasks/text_file.gin feeds a TSV to a driver (with BLEU against its references), and
     runs/decode.gin turns any cell into `speculative-t5 decode` (decoding/plain.gin: no draft)."""
@@ -372,6 +376,7 @@ def _lookup_first(history, j, max_n=3, min_n=1):
     return None
 
 
+@pytest.mark.slow
 def test_walltime_table_zero_cost_and_fallback_cells(tmp_path, pair, spm):
     """A prompt-lookup cell and a Fallback(lookup, model) cell through walltime_table: every
     file written, greedy identical to plain, the lookup's c 0 and its proposing timed in the

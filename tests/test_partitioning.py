@@ -1,12 +1,12 @@
 """Partitioned decoding (`st.Partitioner`, T5X's mesh and rules) and multi-process runs.
 
 The mesh checks run in a subprocess with 8 host CPU devices (tests/mesh_checks.py): greedy
-and sampled tokens on meshes 1x8, 2x4, 8x1 and 4x2 equal the unpartitioned decode's, the
-teacher-forced logits agree to 1e-5, every device holds its slice of each parameter and
-cache, and the exactness chi-square passes through a partitioned mesh; a GPT-2 target's
-decodes (every draft kind) equal its unpartitioned ones on meshes 1x8 and 4x2. The
-multi-process test runs `decode` as two processes on localhost (JAX's distributed runtime,
-4 CPU devices each) and compares the output with a one-process run."""
+and sampled tokens on mesh 4x2 (1x8, 2x4 and 8x1 in the slow tier) equal the unpartitioned
+decode's, the teacher-forced logits agree to 1e-5, every device holds its slice of each
+parameter and cache, and the exactness chi-square passes through a partitioned mesh; a
+GPT-2 target's decodes (every draft kind) equal its unpartitioned ones on meshes 1x8 and
+4x2 (slow). The multi-process test runs `decode` as two processes on localhost (JAX's
+distributed runtime, 4 CPU devices each) and compares the output with a one-process run."""
 import json
 import os
 import subprocess
@@ -21,7 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _mesh_checks(*parts):
-    env = dict(os.environ, SPECULATIVE_T5_COMPILE_CACHE="off")
+    env = dict(os.environ)  # with the run's compile cache (conftest)
     proc = subprocess.run([sys.executable, os.path.join(HERE, "mesh_checks.py"), *parts],
                           capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -29,15 +29,26 @@ def _mesh_checks(*parts):
     return json.loads(line[len("RESULTS "):])
 
 
-def test_partitioned_decodes_equal_unpartitioned_on_every_mesh():
-    r = _mesh_checks("decodes", "errors")
+@pytest.fixture(scope="module")
+def mesh_4x2():
+    """One subprocess for the default tier's mesh checks: decodes on the 4x2 mesh (the one
+    that also runs block verification and a partitioned draft), the errors and the
+    exactness chi-square."""
+    return _mesh_checks("decodes:4x2", "errors", "exactness")
+
+
+def _check_decodes(r, meshes):
+    """Every decode on `meshes` equals the unpartitioned one; logits, parameter and cache
+    shards as the mesh splits them."""
     assert r["devices"] == 8
-    decodes = {k: v for k, v in r.items() if k.endswith(("greedy", "T=1", "top-p"))}
+    decodes = {k: v for k, v in r.items()
+               if k.split()[0] in meshes and k.endswith(("greedy", "T=1", "top-p"))}
     # 4 runs a mesh; 4x2 adds block-verified top-k/top-p, and the partitioned draft's
     # greedy and T = 1
-    assert len(decodes) == 4 * 4 + 1 + 2, sorted(decodes)
+    assert len(decodes) == 4 * len(meshes) + 3 * ("4x2" in meshes), sorted(decodes)
     assert all(decodes.values()), [k for k, v in decodes.items() if not v]
-    for mesh, parts in {"1x8": 8, "2x4": 4, "8x1": 1, "4x2": 2}.items():
+    for mesh in meshes:
+        parts = {"1x8": 8, "2x4": 4, "8x1": 1, "4x2": 2}[mesh]
         data = 8 // parts
         assert r[f"{mesh} logits max diff"] < 1e-5
         # decoder mlp wi_0 [emb 128, mlp 256] split over 'model'; a layer norm scale whole
@@ -45,11 +56,22 @@ def test_partitioned_decodes_equal_unpartitioned_on_every_mesh():
         # self cache [B 8, L 16, H 8, D 16] and cross keys [B, H, D, S 12]
         assert r[f"{mesh} cache shards"] == [[8 // data, 16, 8 // parts, 16],
                                              [8 // data, 8 // parts, 16, 12]]
+
+
+def test_partitioned_decodes_equal_unpartitioned_on_a_mesh(mesh_4x2):
+    _check_decodes(mesh_4x2, ["4x2"])
+    r = mesh_4x2
     assert "does not divide the 8 devices" in r["error not dividing devices"]
     assert "'heads' dimension (4)" in r["error heads"] and "(8 devices)" in r["error heads"]
     assert "disagree" in r["error submesh disagrees"] and r["submesh"] == 4
 
 
+@pytest.mark.slow
+def test_partitioned_decodes_equal_unpartitioned_on_every_other_mesh():
+    _check_decodes(_mesh_checks("decodes:1x8,2x4,8x1"), ["1x8", "2x4", "8x1"])
+
+
+@pytest.mark.slow
 def test_partitioned_gpt2_decodes_equal_unpartitioned():
     """A GPT-2 target with prompts of lengths 1..9 (6 rows: padded to 8 on 4x2) through a
     model draft, prompt lookup and a block-verified fallback: tokens and stats identical to
@@ -62,9 +84,9 @@ def test_partitioned_gpt2_decodes_equal_unpartitioned():
     assert r["gpt2 4x2 cache shards"] == [[2, 13, 4, 4], [2]]
 
 
-def test_partitioned_sampling_is_exact():
+def test_partitioned_sampling_is_exact(mesh_4x2):
     """Exact enumeration against 24,000 partitioned speculative samples (mesh 4x2)."""
-    r = _mesh_checks("exactness")
+    r = mesh_4x2
     for name in ("T=1", "top-k 3"):
         pvalue, cells = r[f"chi-square {name}"]
         assert cells >= 20 and pvalue > 1e-3, (name, pvalue)
@@ -132,7 +154,7 @@ def _records(path):
 def test_two_processes_decode_like_one_and_resume(pair):
     d = pair["dir"]
     one, two = d / "one.jsonl", d / "two.jsonl"
-    env = dict(os.environ, SPECULATIVE_T5_COMPILE_CACHE="off")
+    env = dict(os.environ)  # with the run's compile cache (conftest)
     proc = subprocess.run([sys.executable, "-m", "speculative_t5.commands",
                            *_decode_args(pair, one)[:-1]], env=env, capture_output=True,
                           text=True, timeout=600)

@@ -5,7 +5,7 @@ import json
 import gin
 import pytest
 
-from speculative_t5.experiments.rundir import RunDir
+from speculative_t5.paper.rundir import RunDir
 
 
 class Killed(Exception):

@@ -38,6 +38,7 @@ def test_first_sentence():
     assert demo_corpus.first_sentence(">>> example() is shown here") is None
 
 
+@pytest.mark.slow
 def test_summary_line_task_keeps_the_rest_of_the_docstring():
     src = ('def area(w, h):\n    """Return the area of a rectangle.\n\n    Both sides in metres;\n'
            '    negative sides raise ValueError.\n    """\n    return w * h\n\n\n'
@@ -77,8 +78,8 @@ def test_summarize_named_task_spells_the_name_out_first():
 
 def test_demo_examples_read_inputs_as_the_shipped_pair_was_trained():
     from speculative_t5.checkpoints import demo
-    from speculative_t5.experiments.cells import demo_examples
-    from speculative_t5.experiments.ginconfig import parse_gin
+    from speculative_t5.paper.cells import demo_examples
+    from speculative_t5.paper.ginconfig import parse_gin
     import gin
     rows = [e for e in demo_corpus.build_corpus(task=demo.DEMO_TASK) if e["split"] == "test"]
     got = demo_examples(num_examples=None)
@@ -127,6 +128,7 @@ def test_training_lowers_loss_and_resumes(corpus_dir, tmp_path):
     assert any(not np.allclose(a, b) for a, b in zip(jax_leaves(plain), jax_leaves(fresh)))
 
 
+@pytest.mark.slow
 def test_warm_start_begins_from_another_runs_weights(corpus_dir, tmp_path):
     cfg = st.T5Config(**TINY)
     kw = dict(data_dir=corpus_dir, config=cfg, batch_size=8, input_len=32, target_len=12,
@@ -166,6 +168,7 @@ def jax_leaves(model):
     return [np.asarray(x) for x in jax.tree_util.tree_leaves(model.params)]
 
 
+@pytest.mark.slow
 def test_distillation_raises_alpha(corpus_dir, tmp_path):
     cfg = st.T5Config(**TINY)
     teacher = training.train(model_dir=str(tmp_path / "teacher"), data_dir=corpus_dir, config=cfg,
@@ -194,14 +197,13 @@ def test_distillation_raises_alpha(corpus_dir, tmp_path):
 
 
 def test_teacher_outputs_resume_after_a_kill_and_refuse_another_teacher(tmp_path, monkeypatch):
-    import sys
+    from speculative_t5 import engine
     teacher = st.init_model(st.T5Config(**TINY), seed=0)
     x = np.random.RandomState(0).randint(2, 100, (11, 8)).astype(np.int32)
     whole = training.teacher_outputs(teacher, x, 6, batch_size=2)
     assert whole.shape == (11, 6)
     cache = str(tmp_path / "outputs.npz")
-    module = sys.modules["speculative_t5.generate"]
-    real, calls = module.generate, []
+    real, calls = engine.generate, []
 
     def dies_on_the_fourth_batch(*a, **k):
         calls.append(1)
@@ -209,10 +211,10 @@ def test_teacher_outputs_resume_after_a_kill_and_refuse_another_teacher(tmp_path
             raise KeyboardInterrupt
         return real(*a, **k)
 
-    monkeypatch.setattr(module, "generate", dies_on_the_fourth_batch)
+    monkeypatch.setattr(engine, "generate", dies_on_the_fourth_batch)
     with pytest.raises(KeyboardInterrupt):
         training.teacher_outputs(teacher, x, 6, batch_size=2, cache=cache, save_every=2)
-    monkeypatch.setattr(module, "generate", real)
+    monkeypatch.setattr(engine, "generate", real)
     assert np.load(cache)["outputs"].shape == (4, 6)   # two batches saved before the kill
     np.testing.assert_array_equal(
         training.teacher_outputs(teacher, x, 6, batch_size=2, cache=cache, save_every=2), whole)
