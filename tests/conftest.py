@@ -21,6 +21,13 @@ if "SPECULATIVE_T5_TEST_RUN_CACHE" not in os.environ:
     os.environ["SPECULATIVE_T5_TEST_RUN_CACHE"] = _OWN_CACHE
 os.environ["SPECULATIVE_T5_COMPILE_CACHE"] = os.environ["SPECULATIVE_T5_TEST_RUN_CACHE"]
 
+# Most tests compile small programs and run them once: XLA's optimizations cost more than
+# they save there (a greedy-equality file runs ~30% faster without them), so they are off
+# by default, in the workers and the subprocesses they start. Tests whose time is running
+# a program over 10^4-10^5 rows (the chi-square tests) are marked `runtime_bound` and
+# compiled with them (those run ~25% slower unoptimized). Both compile to the same results.
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+
 from speculative_t5.commands import enable_compile_cache  # noqa: E402
 
 enable_compile_cache()
@@ -42,3 +49,33 @@ def _release_compiled_programs():
     yield
     jax.clear_caches()
     gc.collect()
+
+
+@pytest.fixture(autouse=True)
+def _xla_optimizations(request):
+    """XLA's optimizations on for `runtime_bound` tests, as the environment says for others
+    (a program already compiled in this process is reused either way: same results)."""
+    default = os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] not in ("0", "false", "False")
+    jax.config.update("jax_disable_most_optimizations",
+                      default and request.node.get_closest_marker("runtime_bound") is None)
+    yield
+
+
+# The files that take longest, heaviest first (seconds on 2 cores, `--durations=0`): with
+# `-n 2 --dist loadfile` whole files go to whichever worker is free, in this order, so no
+# long file starts last and leaves one worker idle at the end. The rest follow by name.
+HEAVY_FILES = ("test_partitioning.py", "test_adaptive_gamma.py", "test_drafts.py",
+               "test_generate.py", "test_block_verification.py", "test_gpt2_generate.py",
+               "test_exactness.py", "test_paper.py", "test_training.py")
+
+
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):  # xdist: keep the order set below
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item):
+        name = item.path.name
+        return HEAVY_FILES.index(name) if name in HEAVY_FILES else len(HEAVY_FILES)
+    items.sort(key=rank)  # stable: tests keep their order within a file

@@ -209,21 +209,22 @@ def test_bad_arguments_are_named(target, drafts, inputs):
 @pytest.mark.parametrize("speculative", [False, True])
 def test_per_row_keys_make_a_row_independent_of_its_batch(target, drafts, inputs, speculative):
     """With one key per row (what `decode` passes: a key per input index), a row samples
-    the same tokens at T > 0 whatever batch it is decoded in, alone or beside other rows of
-    other lengths, in any order; rows with different keys sample differently."""
+    the same tokens at T > 0 whatever batch it is decoded in: in another order, beside other
+    rows of other lengths, or beside copies of itself; rows with different keys sample
+    differently. (One batch size throughout: every decode here runs one program.)"""
     kw = dict(draft=drafts["perturbed"], gamma=3) if speculative else {}
     keys = jax.random.split(jax.random.PRNGKey(7), 8)
     full = st.generate(target, inputs, max_decode_len=MAX_LEN, temperature=1.0, rng=keys, **kw)
-    order = np.array([5, 2, 7])
-    part = st.generate(target, inputs[order], max_decode_len=MAX_LEN, temperature=1.0,
-                       rng=keys[order], **kw)
-    np.testing.assert_array_equal(part.tokens, full.tokens[order])
-    alone = st.generate(target, inputs[3:4], max_decode_len=MAX_LEN, temperature=1.0,
-                        rng=keys[3:4], **kw)
-    np.testing.assert_array_equal(alone.tokens[0], full.tokens[3])
-    other = st.generate(target, inputs[3:4], max_decode_len=MAX_LEN, temperature=1.0,
-                        rng=keys[4:5], **kw)
-    assert not np.array_equal(other.tokens[0], full.tokens[3])
+    order = np.array([5, 2, 7, 0, 6, 1, 4, 3])
+    shuffled = st.generate(target, inputs[order], max_decode_len=MAX_LEN, temperature=1.0,
+                           rng=keys[order], **kw)
+    np.testing.assert_array_equal(shuffled.tokens, full.tokens[order])
+    # row 3 eight times: with its own key it samples its tokens in `full`, with others not
+    copies = st.generate(target, inputs[[3] * 8], max_decode_len=MAX_LEN, temperature=1.0,
+                         rng=keys[np.array([3, 4, 3, 5, 6, 7, 0, 1])], **kw)
+    np.testing.assert_array_equal(copies.tokens[[0, 2]], full.tokens[[3, 3]])
+    assert not np.array_equal(copies.tokens[1], full.tokens[3])
+    assert len({tuple(row) for row in copies.tokens[[0, 1, 3, 4, 5]]}) > 1
     with pytest.raises(ValueError, match="one per row"):
         st.generate(target, inputs, max_decode_len=MAX_LEN, temperature=1.0, rng=keys[:3], **kw)
 
