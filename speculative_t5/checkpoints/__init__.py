@@ -132,16 +132,19 @@ def draft_parts(spec: str) -> list:
     return out
 
 
-def load_draft(spec: str, **load_kwargs):
+def load_draft(spec: str, vocab_size: Optional[int] = None, **load_kwargs):
     """A draft from its command-line / gin spec:
        PATH                          a draft model checkpoint (`load_checkpoint(PATH, ...)`)
        prompt_lookup[:MAX[:MIN]]     `PromptLookup(max_ngram=MAX (3), min_ngram=MIN (1))`
        bigram:TABLE.npz              `Bigram.load(TABLE.npz)` (the paper's bigram draft)
        FIRST,THEN                    `Fallback(FIRST, THEN)`, e.g. 'prompt_lookup,PATH'
-    load_kwargs go to `load_checkpoint` (role 'draft')."""
+    vocab_size: the target's, when known: a table of another size is refused before its
+    data is read. load_kwargs go to `load_checkpoint` (role 'draft'). A table that is not
+    one (truncated, hostile header, bad rows) is a one-line ValueError naming it."""
     from speculative_t5.decoding.drafts import Bigram, Fallback
     drafts = [load_checkpoint(p, role="draft", **load_kwargs) if isinstance(p, str) else
-              Bigram.load(p.path) if isinstance(p, BigramFile) else p for p in draft_parts(spec)]
+              Bigram.load(p.path, vocab_size) if isinstance(p, BigramFile) else p
+              for p in draft_parts(spec)]
     return drafts[0] if len(drafts) == 1 else Fallback(*drafts)
 
 

@@ -29,6 +29,10 @@ through `jit`.
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import zipfile
+import zlib
 from typing import Any, Callable, NamedTuple, Optional, Sequence, Tuple
 
 import jax
@@ -313,6 +317,102 @@ class PromptLookup:
 
 
 BIGRAM_KIND = "speculative_t5.Bigram"
+BIGRAM_ARRAYS = ("kind", "successors", "probs", "rest")
+DEFLATE_MOST = 1100  # deflate expands a member at most ~1032 times
+
+
+class _NotATable(Exception):
+    """An .npz without a Bigram's members (args[0]: the ones it has)."""
+
+
+def _npy_header(zf: zipfile.ZipFile, info: zipfile.ZipInfo, archive: int):
+    """(shape, fortran_order, dtype, header bytes) of one .npy member of an .npz, from its
+    header alone; its data must be exactly the bytes the header declares, which the member
+    (at most the archive's size, or a deflated member's most expansion) holds."""
+    name = info.filename
+    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        raise ValueError(f"member {name} uses zip compression {info.compress_type}")
+    most = info.compress_size * (1 if info.compress_type == zipfile.ZIP_STORED else DEFLATE_MOST)
+    if info.compress_size > archive or info.file_size > most:
+        raise ValueError(f"member {name} declares {info.file_size} bytes in a file of {archive}")
+    with zf.open(info) as fp:
+        version = np.lib.format.read_magic(fp)
+        if version not in ((1, 0), (2, 0)):
+            raise ValueError(f"member {name}: .npy format version {version}")
+        read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                else np.lib.format.read_array_header_2_0)
+        shape, fortran, dtype = read(fp)
+        offset = fp.tell()
+    if dtype.hasobject:
+        raise ValueError(f"member {name} holds Python objects (dtype {dtype})")
+    nbytes = int(np.prod([int(n) for n in shape], dtype=object)) * dtype.itemsize
+    if nbytes != info.file_size - offset:
+        raise ValueError(f"member {name} declares shape {tuple(shape)} {dtype} ({nbytes} bytes) "
+                         f"but holds {info.file_size - offset} bytes")
+    return tuple(shape), fortran, dtype, offset
+
+
+def _npy_data(zf: zipfile.ZipFile, info: zipfile.ZipInfo, header) -> np.ndarray:
+    """The array of a member whose header `_npy_header` checked."""
+    shape, fortran, dtype, offset = header
+    with zf.open(info) as fp:
+        fp.read(offset)
+        data = fp.read(info.file_size - offset)
+    if len(data) != info.file_size - offset:
+        raise EOFError(f"member {info.filename} is truncated")
+    return np.frombuffer(data, dtype).reshape(shape, order="F" if fortran else "C")
+
+
+def _read_table(path: str, vocab_size: Optional[int]):
+    """(successors, probs, rest) of a table file, each member's header checked (shape,
+    dtype, size against the file and vocab_size) before its data is read."""
+    try:
+        archive = os.path.getsize(path)
+        with zipfile.ZipFile(path) as zf:
+            members = {i.filename[:-4]: i for i in zf.infolist() if i.filename.endswith(".npy")}
+            if not set(BIGRAM_ARRAYS) <= set(members):
+                raise _NotATable(sorted(members))
+            try:
+                h = {k: _npy_header(zf, members[k], archive) for k in BIGRAM_ARRAYS}
+            except (ValueError, TypeError, SyntaxError) as e:
+                raise ValueError(f"{path}: not a Bigram table (.npz from Bigram.save): "
+                                 f"{_first_line(e)}") from None
+            _check_headers(path, h, vocab_size)
+            kind = _npy_data(zf, members["kind"], h["kind"])
+            if str(kind) != BIGRAM_KIND:
+                raise _NotATable(sorted(members))
+            return tuple(_npy_data(zf, members[k], h[k]) for k in BIGRAM_ARRAYS[1:])
+    except _NotATable as e:
+        raise ValueError(f"{path}: not a Bigram table (.npz from Bigram.save); it holds "
+                         f"{e.args[0]}") from None
+    except (OSError, EOFError, zipfile.BadZipFile, zlib.error, RuntimeError) as e:
+        what = "not a whole zip archive (truncated or another file)" \
+            if isinstance(e, (zipfile.BadZipFile, EOFError, zlib.error)) else "cannot read it"
+        raise ValueError(f"{path}: not a Bigram table (.npz from Bigram.save): {what}: "
+                         f"{_first_line(e)}") from None
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def _check_headers(path: str, h, vocab_size: Optional[int]) -> None:
+    """The members' declared shapes and dtypes: kind a string, successors int [V, top],
+    probs float [V, top], rest float [V], 2 <= V (== vocab_size if given), 1 <= top <= V."""
+    (ks, _, kd, _), (ss, _, sd, _), (ps, _, pd, _), (rs, _, rd, _) = (h[k] for k in BIGRAM_ARRAYS)
+    if ks != () or kd.kind != "U" or sd.kind not in "iu" or pd.kind != "f" or rd.kind != "f":
+        raise ValueError(f"{path}: Bigram arrays have dtypes kind {kd}, successors {sd}, probs "
+                         f"{pd}, rest {rd}; expected a string, int, float, float")
+    V = rs[0] if len(rs) == 1 else -1
+    if len(ss) != 2 or ss != ps or ss[0] != V:
+        raise ValueError(f"{path}: Bigram arrays have shapes successors {ss}, probs {ps}, rest "
+                         f"{rs}; expected [V, top], [V, top], [V]")
+    if V < 2 or not 1 <= ss[1] <= V:
+        raise ValueError(f"{path}: a Bigram table of vocab_size {V} and top {ss[1]}; expected "
+                         "vocab_size >= 2 and 1 <= top <= vocab_size")
+    if vocab_size is not None and V != vocab_size:
+        raise ValueError(f"{path}: a Bigram table of vocab_size {V}, the target's is "
+                         f"{vocab_size}: a draft must share the target's vocabulary")
 
 
 @jax.tree_util.register_pytree_node_class
@@ -388,37 +488,46 @@ class Bigram:
         return cls(jnp.asarray(successors, jnp.int32), jnp.asarray(probs, jnp.float32),
                    jnp.asarray(rest, jnp.float32))
 
-    def save(self, path: str) -> None:
+    def save(self, path) -> None:
         """Write the table to an .npz file (`Bigram.load` reads it; the draft spec
-        'bigram:PATH' of `decode --draft` and the paper cells)."""
-        with open(path, "wb") as f:
-            np.savez(f, kind=np.array(BIGRAM_KIND), successors=np.asarray(self.successors),
-                     probs=np.asarray(self.probs), rest=np.asarray(self.rest))
+        'bigram:PATH' of `decode --draft` and the paper cells), or to an open binary file;
+        flushed and (a real file) fsynced."""
+        arrays = dict(kind=np.array(BIGRAM_KIND), successors=np.asarray(self.successors),
+                      probs=np.asarray(self.probs), rest=np.asarray(self.rest))
+        with contextlib.nullcontext(path) if hasattr(path, "write") else open(path, "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            try:
+                fd = f.fileno()
+            except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation: in memory
+                return
+            os.fsync(fd)
 
     @classmethod
-    def load(cls, path: str) -> "Bigram":
-        """A table `save` wrote; anything else (another file, a table whose rows are not
-        distributions) is a ValueError naming the file and the problem."""
-        try:
-            with np.load(path, allow_pickle=False) as f:
-                arrays = {k: f[k] for k in f.files}
-        except (OSError, ValueError) as e:
-            raise ValueError(f"{path}: not a Bigram table (.npz from Bigram.save): {e}") from None
-        if str(arrays.get("kind")) != BIGRAM_KIND or not {"successors", "probs", "rest"} <= set(arrays):
-            raise ValueError(f"{path}: not a Bigram table (.npz from Bigram.save); it holds "
-                             f"{sorted(arrays)}")
-        succ, probs, rest = arrays["successors"], arrays["probs"], arrays["rest"]
-        V = rest.shape[0] if rest.ndim == 1 else -1
-        if succ.ndim != 2 or succ.shape != probs.shape or succ.shape[0] != V or \
-                not np.issubdtype(succ.dtype, np.integer):
-            raise ValueError(f"{path}: Bigram arrays have shapes successors {succ.shape}, probs "
-                             f"{probs.shape}, rest {rest.shape}; expected [V, top], [V, top], [V]")
+    def load(cls, path: str, vocab_size: Optional[int] = None) -> "Bigram":
+        """A table `save` wrote; anything else (another file, a truncated one, a header
+        declaring more than the file holds, vocab_size other than the given one, rows that
+        are not distributions, repeated or out-of-range successors) is a one-line ValueError
+        naming the file and the problem. Headers are checked before any data is read."""
+        succ, probs, rest = _read_table(path, vocab_size)     # [V, top], [V, top], [V]
+        V = rest.shape[0]
         if succ.min() < 0 or succ.max() >= V:
-            raise ValueError(f"{path}: successor ids outside [0, {V})")
-        mass = probs.sum(1) + rest * (V - succ.shape[1])
+            raise ValueError(f"{path}: successor ids in [{succ.min()}, {succ.max()}], outside "
+                             f"[0, {V})")
+        ordered = np.sort(succ, 1)
+        repeated = np.nonzero((ordered[:, 1:] == ordered[:, :-1]).any(1))[0]
+        if repeated.size:
+            raise ValueError(f"{path}: repeated successor ids in {repeated.size} rows (first: "
+                             f"row {repeated[0]}); each row's successors must be distinct")
+        bad = ~(np.isfinite(probs).all(1) & np.isfinite(rest))
+        if bad.any():
+            raise ValueError(f"{path}: non-finite probabilities (NaN or inf) in {bad.sum()} "
+                             f"rows (first: row {np.nonzero(bad)[0][0]})")
+        mass = probs.sum(1, dtype=np.float64) + rest.astype(np.float64) * (V - succ.shape[1])
         if (probs < 0).any() or (rest < 0).any() or np.abs(mass - 1).max() > 1e-3:
-            raise ValueError(f"{path}: Bigram rows are not distributions (row sums in "
-                             f"[{mass.min():.4f}, {mass.max():.4f}])")
+            raise ValueError(f"{path}: Bigram rows are not distributions (negative "
+                             f"probabilities, or row sums in [{mass.min():.4f}, "
+                             f"{mass.max():.4f}])")
         return cls(jnp.asarray(succ, jnp.int32), jnp.asarray(probs, jnp.float32),
                    jnp.asarray(rest, jnp.float32))
 
