@@ -2,6 +2,7 @@
 
 Layers, each importing only from those listed before it:
   model, decoding, data      the T5 family; the model-free decode loops; inputs and tasks
+  locks                      one writer per run directory or output file
   partitioning               the ('data', 'model') mesh and T5X's logical axis rules
   checkpoints                Hugging Face, T5X and native I/O (and the shipped demo pair)
   calibration                model steps timed where the decode runs (adaptive gamma's c, v)

@@ -52,11 +52,15 @@ DRIVER_OPTIONS: Tuple[Option, ...] = (
     ("--output_dir", dict(required=True, help="the run directory (resumable)")),
     ("--tfds_data_dir", dict(help="where tfds finds the datasets (gs:// works); the same as "
                              "--gin.TFDS_DATA_DIR")),
-    ("--quiet", dict(action="store_true", default=None)))
+    ("--quiet", dict(action="store_true", default=None)),
+    ("--restart", dict(action="store_true", default=None, help="start over: the run "
+                       "directory's earlier results are moved into before_restart_<time>/")))
 
 TRAINER_OPTIONS: Tuple[Option, ...] = (
     ("--model_dir", dict(help="where checkpoints and the final model go")),
-    ("--steps", dict(type=int)))
+    ("--steps", dict(type=int)),
+    ("--restart", dict(action="store_true", default=None, help="start over: the model_dir's "
+                       "earlier checkpoints and outputs are moved into before_restart_<time>/")))
 
 COMMANDS: Dict[str, Command] = {
     "demo": Command(
@@ -118,7 +122,10 @@ COMMANDS: Dict[str, Command] = {
          ("--output", dict(help="the table, an .npz file")),
          ("--target", dict(help="the target checkpoint (its vocab_size and vocabulary)")),
          ("--vocab", dict(help="the vocabulary, if not in the target's directory")),
-         ("--top", dict(type=int, help="successors kept per token (default 256)"))),
+         ("--top", dict(type=int, help="successors kept per token (default 256)")),
+         ("--overwrite", dict(action="store_true", default=None,
+                              help="replace an --output that is not a table (never the input "
+                              "file, never through a symlink)"))),
         "--input_file, --output and --target"),
     "train": Command("train a T5 on the demo corpus (gin-configured, resumable)",
                      "speculative_t5.training:train", TRAINER_OPTIONS,

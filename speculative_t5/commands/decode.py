@@ -5,13 +5,16 @@ settings stopped.
 The output's first line is a header naming the run (model and vocabulary fingerprints,
 input file fingerprint, every option that changes an output); a rerun resumes only that run,
 and a file that is not this tool's output is never touched. Sampling is keyed by example
-index, so an output does not depend on the batch size or on where a run was interrupted."""
+index, so an output does not depend on the batch size or on where a run was interrupted.
+One process writes an output at a time: OUTPUT.lock beside it names the writer
+(`locks.hold`), and a second is refused."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterator, Optional, Set, Tuple
 
 import gin
 import jax
@@ -24,6 +27,7 @@ from speculative_t5.commands import interrupt
 from speculative_t5.data import BPEVocabulary, find_vocabulary, pad_rows, pad_to, read_inputs
 from speculative_t5.decoding.output import combine
 from speculative_t5.decoding.sampling import check_verification
+from speculative_t5.locks import hold
 from speculative_t5.paper.rundir import JsonlLog, fingerprint
 from speculative_t5.engine import (check_draft, check_draft_stop, check_int, check_lenience,
                                      generate, sampling_config)
@@ -54,29 +58,29 @@ def _draft_dirs(spec: Optional[str]) -> list:
     return [p for p in draft_parts(spec) if isinstance(p, str)] if spec else []
 
 
-def _open_log(output: str, run: Dict[str, Any], n: int):
-    """(the output log, the example indices already in it). With several processes (one
-    program in lock-step, outputs gathered to all) only the coordinator, process 0, reads
-    and writes the file; it tells the others what is done, or that it refused the file."""
-    if jax.process_count() == 1:
-        os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-        log = JsonlLog(output, key="index", header=run)  # resumes this run only
-        return log, set(log.done)
-    from jax.experimental import multihost_utils
-    log, error, mask = None, None, np.zeros(n + 1, np.int32)  # mask[n]: the coordinator refused
-    if jax.process_index() == 0:
-        try:
-            os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-            log = JsonlLog(output, key="index", header=run)
+@contextlib.contextmanager
+def _open_log(output: Optional[str], run: Dict[str, Any],
+              n: int) -> Iterator[Tuple[Optional[JsonlLog], Set[int]]]:
+    """(the output log, the example indices already in it), the output held for this writer
+    while the block runs (None, nothing done: no output). With several processes (one
+    program in lock-step, outputs gathered to all) only the coordinator, process 0, holds,
+    reads and writes the file; it tells the others what is done, or that it refused it."""
+    if output is None:
+        yield None, set()
+        return
+    opened = []
+    with hold(output, directory=False, what="--output",
+              prepare=lambda: opened.append(JsonlLog(output, key="index", header=run))):
+        log = opened[0] if opened else None  # resumes this run only
+        if jax.process_count() == 1:
+            yield log, set(log.done)
+            return
+        from jax.experimental import multihost_utils
+        mask = np.zeros(n, np.int32)
+        if log is not None:
             mask[sorted(log.done)] = 1
-        except (ValueError, OSError) as e:
-            error, mask[n] = e, 1
-    mask = np.asarray(multihost_utils.broadcast_one_to_all(mask))
-    if error is not None:
-        raise error
-    if mask[n]:
-        raise ValueError(f"process 0 refused --output {output} (its message says why)")
-    return log, set(np.flatnonzero(mask[:n]).tolist())
+        mask = np.asarray(multihost_utils.broadcast_one_to_all(mask))
+        yield log, set(np.flatnonzero(mask).tolist())
 
 
 def check_vocabulary(vocabulary, model) -> None:
@@ -186,62 +190,65 @@ def decode(target: str = gin.REQUIRED, input_file: Optional[str] = None,
            "dtype": dtype, "activation_dtype": activation_dtype,
            "verification": verification if draft else None,
            "draft_stop": draft_stop, "adaptive_gamma": adaptive_gamma or None}  # None: as before
-    log, done = _open_log(output, run, len(examples)) if output else (None, set())
-    todo = [i for i in range(len(examples)) if i not in done]
-    if log is not None:
-        interrupt.progress(lambda: f"{len(log.done)} of {len(examples)} records saved in {output}")
-    quiet = quiet or jax.process_index() > 0
-    partitioner = partitioner or Partitioner()
-    if partitioner.mesh.size == 1:
-        partitioner = None  # one device: the models load and run whole
-    rows, seconds_total = [], 0.0
-    if todo:
-        target_model = load_checkpoint(target, dtype=dtype, activation_dtype=activation_dtype,
-                                       partitioner=partitioner)
-        draft_model = load_draft(draft, dtype=dtype, activation_dtype=activation_dtype,
-                                 partitioner=partitioner) if draft else None
-        check_vocabulary(vocabulary, target_model)
-        if draft_model is not None:
-            draft_model = check_draft(target_model, draft_model)
-    base = jax.random.PRNGKey(seed)
-    bar = tqdm(total=len(todo), desc="decode", unit="ex", disable=quiet or not todo or prompt is not None)
-    for start in range(0, len(todo), batch_size):
-        idx = todo[start:start + batch_size]
-        width = -(-max(len(encoded[i]) for i in idx) // LENGTH_BUCKET) * LENGTH_BUCKET
-        # a fixed batch: one compiled program; one key per example index
-        ids = pad_rows(pad_to([encoded[i] for i in idx], width), batch_size)
-        lengths = None  # a GPT-2's prompts are right-padded; their lengths say where they end
-        if target_model.decoder_only:
-            lengths = [len(encoded[i]) for i in idx]
-            lengths = np.asarray(lengths + lengths[:1] * (batch_size - len(idx)))
-        keys = jax.vmap(lambda i: jax.random.fold_in(base, i))(
-            jnp.asarray(idx + idx[:1] * (batch_size - len(idx)), jnp.uint32))
-        t0 = time.perf_counter()
-        res = generate(target_model, ids, draft=draft_model, gamma=gamma,
-                       max_decode_len=max_decode_len, sampling=sampling, lenience=lenience,
-                       verification=verification, draft_stop=draft_stop, rng=keys,
-                       adaptive_gamma=adaptive_gamma, partitioner=partitioner,
-                       prompt_lengths=lengths)
-        seconds = time.perf_counter() - t0
-        if prompt is not None:
-            _report_prompt(res, vocabulary, target_model, ids, sampling, max_decode_len,
-                           partitioner, lengths, draft_model is not None, quiet)
-        for row, i in enumerate(idx):
-            stats = res.row(row)
-            n = stats.pop("length")
-            tokens = res.tokens[row, :n].tolist()
-            record = {"index": i, "input": examples[i][0], "output": vocabulary.decode(tokens),
-                      "tokens": tokens, "length": n, "stats": stats,
-                      "batch_seconds": round(seconds, 4), "exact": bool(res.stats["exact"])}
-            if examples[i][1] is not None:
-                record["reference"] = examples[i][1]
-            if log is not None:
-                log.append(record)
-            rows.append(dict(stats, length=n))
-        seconds_total += seconds
-        bar.update(len(idx))
-        bar.set_postfix(tok_s=f"{sum(r['length'] for r in rows) / max(seconds_total, 1e-9):.1f}")
-    bar.close()
+    with _open_log(output, run, len(examples)) as (log, done):
+        todo = [i for i in range(len(examples)) if i not in done]
+        if log is not None:
+            interrupt.progress(lambda: f"{len(log.done)} of {len(examples)} records saved "
+                               f"in {output}")
+        quiet = quiet or jax.process_index() > 0
+        partitioner = partitioner or Partitioner()
+        if partitioner.mesh.size == 1:
+            partitioner = None  # one device: the models load and run whole
+        rows, seconds_total = [], 0.0
+        if todo:
+            target_model = load_checkpoint(target, dtype=dtype, activation_dtype=activation_dtype,
+                                           partitioner=partitioner)
+            draft_model = load_draft(draft, dtype=dtype, activation_dtype=activation_dtype,
+                                     partitioner=partitioner) if draft else None
+            check_vocabulary(vocabulary, target_model)
+            if draft_model is not None:
+                draft_model = check_draft(target_model, draft_model)
+        base = jax.random.PRNGKey(seed)
+        bar = tqdm(total=len(todo), desc="decode", unit="ex",
+                   disable=quiet or not todo or prompt is not None)
+        for start in range(0, len(todo), batch_size):
+            idx = todo[start:start + batch_size]
+            width = -(-max(len(encoded[i]) for i in idx) // LENGTH_BUCKET) * LENGTH_BUCKET
+            # a fixed batch: one compiled program; one key per example index
+            ids = pad_rows(pad_to([encoded[i] for i in idx], width), batch_size)
+            lengths = None  # a GPT-2's prompts are right-padded; their lengths say where they end
+            if target_model.decoder_only:
+                lengths = [len(encoded[i]) for i in idx]
+                lengths = np.asarray(lengths + lengths[:1] * (batch_size - len(idx)))
+            keys = jax.vmap(lambda i: jax.random.fold_in(base, i))(
+                jnp.asarray(idx + idx[:1] * (batch_size - len(idx)), jnp.uint32))
+            t0 = time.perf_counter()
+            res = generate(target_model, ids, draft=draft_model, gamma=gamma,
+                           max_decode_len=max_decode_len, sampling=sampling, lenience=lenience,
+                           verification=verification, draft_stop=draft_stop, rng=keys,
+                           adaptive_gamma=adaptive_gamma, partitioner=partitioner,
+                           prompt_lengths=lengths)
+            seconds = time.perf_counter() - t0
+            if prompt is not None:
+                _report_prompt(res, vocabulary, target_model, ids, sampling, max_decode_len,
+                               partitioner, lengths, draft_model is not None, quiet)
+            for row, i in enumerate(idx):
+                stats = res.row(row)
+                n = stats.pop("length")
+                tokens = res.tokens[row, :n].tolist()
+                record = {"index": i, "input": examples[i][0], "output": vocabulary.decode(tokens),
+                          "tokens": tokens, "length": n, "stats": stats,
+                          "batch_seconds": round(seconds, 4), "exact": bool(res.stats["exact"])}
+                if examples[i][1] is not None:
+                    record["reference"] = examples[i][1]
+                if log is not None:
+                    log.append(record)
+                rows.append(dict(stats, length=n))
+            seconds_total += seconds
+            bar.update(len(idx))
+            bar.set_postfix(
+                tok_s=f"{sum(r['length'] for r in rows) / max(seconds_total, 1e-9):.1f}")
+        bar.close()
     totals = combine(rows)
     totals.pop("tokens_per_call_histogram")
     summary = dict(totals, seconds=seconds_total, examples=len(todo), skipped=len(done),

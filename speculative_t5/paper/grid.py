@@ -75,6 +75,7 @@ def _check_same_config(run: RunDir, path: str) -> None:
             diff = [d for d in difflib.unified_diff(before.splitlines(), new.splitlines(), lineterm="", n=0)
                     if d[:1] in "+-" and d[:3] not in ("+++", "---")]
             raise ValueError(f"{run.path} holds results of a different config than {path} "
-                             f"({'; '.join(diff[:4])}); use another --output_dir")
+                             f"({'; '.join(diff[:4])}); use another --output_dir, or --restart to "
+                             "start over (the earlier results are moved aside)")
     run.write_config()
     run.write_environment()

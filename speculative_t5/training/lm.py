@@ -3,7 +3,8 @@ next-token cross-entropy, a draft distilled from it (forward KL per token, as `d
 for T5). Both run through `trainer.fit`, so they resume the same way: a rerun continues
 from the latest orbax checkpoint in MODEL_DIR/checkpoints; once every step is done, the
 final model is written to MODEL_DIR/model and MODEL_DIR/hf (config.json, model.safetensors,
-vocab.json, merges.txt).
+vocab.json, merges.txt). A rerun with other settings is refused and `restart` starts over, as
+for `trainer.train` (the window and corpus options are part of the run).
 
 The data is the token stream of the train split (files joined by the end token, id 0) cut
 into windows of `window` + 1 tokens: the model reads the first `window`, predicts the last.
@@ -25,7 +26,8 @@ from speculative_t5.data.code_corpus import read_sources, write_code_corpus
 from speculative_t5.model import gpt2
 from speculative_t5.model.api import Model
 from speculative_t5.model.gpt2 import GPT2Config
-from speculative_t5.training.trainer import _fit_and_export, _fit_kwargs
+from speculative_t5.training.runs import open_run, settings, sha256_of
+from speculative_t5.training.trainer import SCHEDULE, _fit_and_export, _fit_kwargs
 
 CONFIG_FILE = "config.json"   # the run's GPT2Config (`to_dict`), beside checkpoints/
 
@@ -123,28 +125,35 @@ def load_teacher(path: str) -> Model:
 
 
 # ----------------------------------------------------------------------------- commands
-@gin.configurable(denylist=["quiet"])
+LM_DATA = ["window", "vocab_size", "max_files", "max_windows"]
+
+
+@gin.configurable(denylist=["quiet", "restart"])
 def train_lm(model_dir: str = gin.REQUIRED, data_dir: str = gin.REQUIRED,
              config: GPT2Config = gin.REQUIRED, steps: int = 1000, batch_size: int = 32,
              learning_rate: float = 1e-3, warmup_steps: int = 100, weight_decay: float = 0.01,
              optimizer: str = "adamw", window: int = 128, vocab_size: int = 4096, seed: int = 0,
              checkpoint_every: int = 100, max_files: Optional[int] = None,
              max_windows: Optional[int] = None, export_dtype: str = "bfloat16",
-             max_steps_per_run: Optional[int] = None, quiet: bool = False) -> Model:
-    """Train a GPT-2 from scratch on the code corpus (next-token cross-entropy)."""
+             max_steps_per_run: Optional[int] = None, restart: bool = False,
+             quiet: bool = False) -> Model:
+    """Train a GPT-2 from scratch on the code corpus (next-token cross-entropy). A rerun
+    resumes this run only; restart: start over (see `trainer`)."""
     vocab = prepare_code_data(data_dir, vocab_size, max_files)
     data = {"tokens": _windows(data_dir, "train", vocab, config, window, max_windows)}
-    _write_config(model_dir, config)
 
     def loss_fn(params, batch, rng):  # rng: the step's dropout key (GPT-2 here has none)
         nll = next_token_nll(config, params, batch["tokens"])                   # [B, W]
         return jnp.mean(nll), jnp.float32(nll.size)
 
-    return _fit_and_export(model_dir, config, loss_fn, data, vocab, "train_lm", export_dtype,
-                           **_fit_kwargs(locals()))
+    run = settings(locals(), SCHEDULE + LM_DATA, data_sha256=sha256_of(data))
+    with open_run(model_dir, "train_lm", run, restart, quiet=quiet):
+        _write_config(model_dir, config)
+        return _fit_and_export(model_dir, config, loss_fn, data, vocab, "train_lm",
+                               export_dtype, run=run, **_fit_kwargs(locals()))
 
 
-@gin.configurable(denylist=["quiet"])
+@gin.configurable(denylist=["quiet", "restart"])
 def distill_lm(model_dir: str = gin.REQUIRED, teacher: str = gin.REQUIRED,
                data_dir: str = gin.REQUIRED, config: GPT2Config = gin.REQUIRED,
                steps: int = 1000, batch_size: int = 32, learning_rate: float = 1e-3,
@@ -153,16 +162,16 @@ def distill_lm(model_dir: str = gin.REQUIRED, teacher: str = gin.REQUIRED,
                checkpoint_every: int = 100, max_files: Optional[int] = None,
                max_windows: Optional[int] = None, temperature: float = 1.0,
                export_dtype: str = "bfloat16", max_steps_per_run: Optional[int] = None,
-               quiet: bool = False) -> Model:
+               restart: bool = False, quiet: bool = False) -> Model:
     """Train a GPT-2 draft to match a teacher (a train_lm run directory or a checkpoint):
-    forward KL(p_teacher || q_draft) at every position of the training windows."""
+    forward KL(p_teacher || q_draft) at every position of the training windows. restart: as
+    in `train_lm` (the teacher's weights are part of the run)."""
     vocab = prepare_code_data(data_dir, vocab_size, max_files)
     teacher_model = load_teacher(teacher)
     if teacher_model.config.vocab_size != config.vocab_size:
         raise ValueError(f"draft vocab_size {config.vocab_size} != teacher's "
                          f"{teacher_model.config.vocab_size}")
     data = {"tokens": _windows(data_dir, "train", vocab, config, window, max_windows)}
-    _write_config(model_dir, config)
     tconfig, tparams = teacher_model.config, teacher_model.params
 
     def loss_fn(params, batch, rng):
@@ -173,5 +182,9 @@ def distill_lm(model_dir: str = gin.REQUIRED, teacher: str = gin.REQUIRED,
         kl = jnp.sum(jnp.exp(p) * (p - q), axis=-1)                           # [B, W]
         return jnp.mean(kl), jnp.float32(kl.size)
 
-    return _fit_and_export(model_dir, config, loss_fn, data, vocab, "distill_lm", export_dtype,
-                           **_fit_kwargs(locals()))
+    run = settings(locals(), SCHEDULE + LM_DATA + ["temperature"], data_sha256=sha256_of(data),
+                   teacher_sha256=sha256_of(tparams))
+    with open_run(model_dir, "distill_lm", run, restart, quiet=quiet):
+        _write_config(model_dir, config)
+        return _fit_and_export(model_dir, config, loss_fn, data, vocab, "distill_lm",
+                               export_dtype, run=run, **_fit_kwargs(locals()))

@@ -6,6 +6,17 @@ resumed run sees exactly the batches it would have seen), orbax checkpoints of p
 optimizer state and step every `checkpoint_every` steps, resume from the latest, a
 progress bar with loss and tokens/s, and the final model written in the native format
 (`MODEL_DIR/model`) and as a Hugging Face directory (`MODEL_DIR/hf`) with the vocabulary.
+
+A rerun resumes only the run its model_dir holds (`runs.check_run`): any setting that
+changes the result (model config, optimizer, learning rate and schedule, batch size,
+`steps`, seed, data, teacher) changed is refused, naming it; `restart=True` (`--restart`)
+moves the old run aside and starts over. `steps` is part of the run because the cosine
+schedule decays to it: a 600-step run continued to 1000 is not the 1000-step run. To train
+further, start a new model_dir with `init_from` the finished one. Not part of it:
+checkpoint_every, max_steps_per_run, export_dtype (a finished run rerun writes its final
+model again, so a new export_dtype applies), quiet, and init_from (it only gives the first
+step's weights; run_config.json records it as started_from). A rerun of a finished run says
+so and appends nothing to train_log.json.
 """
 from __future__ import annotations
 
@@ -31,6 +42,7 @@ from speculative_t5.data.vocabulary import Vocabulary
 from speculative_t5.model.api import Model, cast_params, init_model
 from speculative_t5.model.config import T5Config
 from speculative_t5.model.t5 import T5
+from speculative_t5.training.runs import open_run, settings, sha256_of
 
 
 # ----------------------------------------------------------------------------- data
@@ -105,11 +117,13 @@ def fit(model_dir: str, model: Model, loss_fn: Callable, data: Dict[str, np.ndar
         steps: int, batch_size: int, learning_rate: float, warmup_steps: int,
         weight_decay: float, optimizer: str, seed: int, checkpoint_every: int,
         desc: str, quiet: bool = False, max_steps_per_run: Optional[int] = None,
-        init_from: Optional[str] = None):
+        init_from: Optional[str] = None, run: Optional[Dict] = None):
     """Minimise loss_fn(params, batch, rng) -> (loss, num_tokens) over batches of `data`;
     rng: the step's dropout key, fold_in(PRNGKey(seed), step) (a resumed run draws the same).
     max_steps_per_run: stop (with a checkpoint) after this many steps; rerun to continue.
-    Returns (model, whether all `steps` are done)."""
+    Each session that ran steps appends a line to MODEL_DIR/train_log.json (its steps, final
+    loss, null if not finite, and `run`: the settings); one with nothing left to do says so
+    and appends nothing. Returns (model, whether all `steps` are done)."""
     import orbax.checkpoint as ocp
     n = len(next(iter(data.values())))
     if n < batch_size:
@@ -121,9 +135,16 @@ def fit(model_dir: str, model: Model, loss_fn: Callable, data: Dict[str, np.ndar
     start = 0
     if manager.latest_step() is not None:
         start = int(manager.latest_step())
-        state = manager.restore(start, args=ocp.args.StandardRestore(state))
+        try:
+            state = manager.restore(start, args=ocp.args.StandardRestore(state))
+        except (ValueError, TypeError, KeyError) as e:  # orbax: a tree diff of many lines
+            manager.close()
+            raise ValueError(f"{ckpt_dir} holds a step-{start} checkpoint of another model or "
+                             f"optimizer ({type(e).__name__}); pass --restart to start over or "
+                             "use a new directory") from None
         if not quiet:
-            print(f"resuming {desc} from step {start} ({ckpt_dir})")
+            print(f"{desc}: all {steps} steps were already done in {model_dir}; nothing to "
+                  "train" if start >= steps else f"resuming {desc} from step {start} ({ckpt_dir})")
     elif init_from is not None:  # a warm start: another run's weights, a fresh optimizer
         state["params"] = _newest_params(init_from, state["params"])
         state["opt_state"] = tx.init(state["params"])
@@ -136,9 +157,10 @@ def fit(model_dir: str, model: Model, loss_fn: Callable, data: Dict[str, np.ndar
         params = optax.apply_updates(state["params"], updates)
         return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, loss, ntok
 
-    bar = tqdm(total=steps, initial=start, desc=desc, disable=quiet)
     t0, tokens, loss = time.perf_counter(), 0, float("nan")
     stop = steps if max_steps_per_run is None else min(steps, start + max_steps_per_run)
+    stop = max(start, stop)
+    bar = tqdm(total=steps, initial=start, desc=desc, disable=quiet or stop == start)
     for step in range(start, stop):
         idx = batch_indices(n, batch_size, step, seed)
         state, loss, ntok = train_step(state, {k: v[idx] for k, v in data.items()})
@@ -152,9 +174,13 @@ def fit(model_dir: str, model: Model, loss_fn: Callable, data: Dict[str, np.ndar
     manager.wait_until_finished()
     manager.close()
     trained = Model(model.config, state["params"])
-    with open(os.path.join(model_dir, "train_log.json"), "a") as f:
-        f.write(json.dumps({"desc": desc, "steps": steps, "final_loss": float(loss)}) + "\n")
-    return trained, stop == steps
+    if stop > start and jax.process_index() == 0:
+        loss = float(loss)
+        record = {"desc": desc, "steps": steps, "start_step": start, "end_step": stop,
+                  "final_loss": loss if np.isfinite(loss) else None, "run": run}
+        with open(os.path.join(model_dir, "train_log.json"), "a") as f:
+            f.write(json.dumps(record, allow_nan=False) + "\n")
+    return trained, stop >= steps
 
 
 def _newest_params(init_from: str, like):
@@ -232,7 +258,14 @@ def _fit_kwargs(scope: dict) -> dict:
     return {k: scope[k] for k in names}
 
 
-@gin.configurable(denylist=["quiet"])
+# the settings that decide a run's result (beside its data's and teacher's sha256)
+SCHEDULE = ["config", "steps", "batch_size", "learning_rate", "warmup_steps", "weight_decay",
+            "optimizer", "seed"]
+T5_DATA = ["input_len", "target_len", "vocab_size", "max_examples", "packages",
+           "target_weight", "task"]
+
+
+@gin.configurable(denylist=["quiet", "restart"])
 def train(model_dir: str = gin.REQUIRED, data_dir: str = gin.REQUIRED,
           config: T5Config = gin.REQUIRED, steps: int = 1000, batch_size: int = 32,
           learning_rate: float = 1e-3, warmup_steps: int = 100, weight_decay: float = 0.01,
@@ -241,12 +274,13 @@ def train(model_dir: str = gin.REQUIRED, data_dir: str = gin.REQUIRED,
           max_examples: Optional[int] = None, export_dtype: str = "bfloat16",
           max_steps_per_run: Optional[int] = None, packages: bool = False,
           target_weight: int = 1, task: str = "summarize", vocab_file: Optional[str] = None,
-          init_from: Optional[str] = None, quiet: bool = False) -> Model:
+          init_from: Optional[str] = None, restart: bool = False, quiet: bool = False) -> Model:
     """Train a T5 on the demo corpus (teacher-forced cross-entropy), from scratch or, with
     `init_from` (another run's model_dir, or a checkpoint directory such as a released
     pair's), from those weights with a fresh optimizer and schedule. packages, target_weight,
     task, vocab_file: how the corpus is built (`prepare_data`; a warm start passes the
-    vocabulary its weights know)."""
+    vocabulary its weights know). A rerun resumes this run only; restart: start over (the
+    module docstring says which settings make the run)."""
     vocab = prepare_data(data_dir, vocab_size, packages, target_weight, task, vocab_file)
     if vocab.size > config.vocab_size:
         raise ValueError(f"vocabulary has {vocab.size} pieces but config.vocab_size is "
@@ -259,8 +293,10 @@ def train(model_dir: str = gin.REQUIRED, data_dir: str = gin.REQUIRED,
     def loss_fn(params, batch, rng):
         return target_loss(module, params, batch["inputs"], batch["targets"], rng)
 
-    return _fit_and_export(model_dir, config, loss_fn, data, vocab, "train", export_dtype,
-                           init_from=init_from, **_fit_kwargs(locals()))
+    run = settings(locals(), SCHEDULE + T5_DATA, data_sha256=sha256_of(data))
+    with open_run(model_dir, "train", run, restart, init_from, quiet):
+        return _fit_and_export(model_dir, config, loss_fn, data, vocab, "train", export_dtype,
+                               init_from=init_from, run=run, **_fit_kwargs(locals()))
 
 
 def _outputs_key(teacher: Model, inputs: np.ndarray, length: int) -> str:
@@ -303,7 +339,7 @@ def teacher_outputs(teacher: Model, inputs: np.ndarray, length: int, batch_size:
     return np.concatenate(outs).astype(np.int32) if outs else np.zeros((0, length), np.int32)
 
 
-@gin.configurable(denylist=["quiet"])
+@gin.configurable(denylist=["quiet", "restart"])
 def distill(model_dir: str = gin.REQUIRED, teacher: str = gin.REQUIRED,
             data_dir: str = gin.REQUIRED, config: T5Config = gin.REQUIRED, steps: int = 1000,
             batch_size: int = 32, learning_rate: float = 1e-3, warmup_steps: int = 100,
@@ -313,10 +349,11 @@ def distill(model_dir: str = gin.REQUIRED, teacher: str = gin.REQUIRED,
             temperature: float = 1.0, export_dtype: str = "bfloat16",
             max_steps_per_run: Optional[int] = None, packages: bool = False,
             target_weight: int = 1, task: str = "summarize", init_from: Optional[str] = None,
-            quiet: bool = False) -> Model:
+            restart: bool = False, quiet: bool = False) -> Model:
     """Train a draft to match a teacher: forward KL(p_teacher || q_draft) per token, on the
     data's targets and on the teacher's own greedy outputs (what it will be asked to draft).
-    data_dir, task: the teacher's corpus (`prepare_data`). init_from: as in `train`."""
+    data_dir, task: the teacher's corpus (`prepare_data`). init_from, restart: as in `train`
+    (the teacher's weights are part of the run)."""
     vocab = prepare_data(data_dir, vocab_size, packages, target_weight, task)
     teacher_model = load_checkpoint(teacher, dtype="float32")
     if teacher_model.config.vocab_size != config.vocab_size:
@@ -325,9 +362,18 @@ def distill(model_dir: str = gin.REQUIRED, teacher: str = gin.REQUIRED,
     rows = read_split(data_dir, "train")[:max_examples]
     inputs = tokenize([r["input"] for r in rows], vocab, input_len)
     targets = tokenize([r["target"] for r in rows], vocab, target_len)
-    os.makedirs(model_dir, exist_ok=True)
-    generated = teacher_outputs(teacher_model, inputs, target_len,
-                                cache=os.path.join(model_dir, "teacher_outputs.npz"))
+    run = settings(locals(), SCHEDULE + T5_DATA + ["temperature"],
+                   data_sha256=sha256_of({"inputs": inputs, "targets": targets}),
+                   teacher_sha256=sha256_of(teacher_model.params))
+    with open_run(model_dir, "distill", run, restart, init_from, quiet):
+        generated = teacher_outputs(teacher_model, inputs, target_len,
+                                    cache=os.path.join(model_dir, "teacher_outputs.npz"))
+        return _distill(model_dir, config, teacher_model, inputs, targets, generated, vocab,
+                        temperature, export_dtype, init_from, run, _fit_kwargs(locals()))
+
+
+def _distill(model_dir, config, teacher_model, inputs, targets, generated, vocab, temperature,
+             export_dtype, init_from, run, fit_kw) -> Model:
     data = {"inputs": np.concatenate([inputs, inputs]),
             "targets": np.concatenate([targets, generated])}
     module, tmodule = T5(config), T5(teacher_model.config)
@@ -343,4 +389,4 @@ def distill(model_dir: str = gin.REQUIRED, teacher: str = gin.REQUIRED,
         return _masked_mean(jnp.sum(jnp.exp(p) * (p - q), axis=-1), batch["targets"])  # KL [B, T]
 
     return _fit_and_export(model_dir, config, loss_fn, data, vocab, "distill", export_dtype,
-                           init_from=init_from, **_fit_kwargs(locals()))
+                           init_from=init_from, run=run, **fit_kw)
