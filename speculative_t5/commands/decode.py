@@ -203,7 +203,8 @@ def decode(target: str = gin.REQUIRED, input_file: Optional[str] = None,
         if todo:
             target_model = load_checkpoint(target, dtype=dtype, activation_dtype=activation_dtype,
                                            partitioner=partitioner)
-            draft_model = load_draft(draft, dtype=dtype, activation_dtype=activation_dtype,
+            draft_model = load_draft(draft, target_model.config.vocab_size, dtype=dtype,
+                                     activation_dtype=activation_dtype,
                                      partitioner=partitioner) if draft else None
             check_vocabulary(vocabulary, target_model)
             if draft_model is not None:

@@ -72,8 +72,8 @@ class Cell:
         part = self.partitioner if self.partitioner and self.partitioner.mesh.size > 1 else None
         target = load_checkpoint(self.target, dtype=self.dtype, partitioner=part,
                                  activation_dtype=self.activation_dtype)
-        draft = load_draft(self.draft, dtype=self.dtype, partitioner=part,
-                           activation_dtype=self.activation_dtype)
+        draft = load_draft(self.draft, target.config.vocab_size, dtype=self.dtype,
+                           partitioner=part, activation_dtype=self.activation_dtype)
         vocab = Vocabulary(self.vocabulary)
         try:  # before any timing, not at the first decode
             draft = check_draft(target, draft)
