@@ -74,7 +74,7 @@ def test_demo_command_end_to_end(tmp_path):
         assert os.path.exists(os.path.join(out, run, "examples.jsonl")), run
     q = s["quality"]   # the greedy outputs' ROUGE, by the walltime driver's scoring too
     assert q["rouge1"] == pytest.approx(s["rouge1_plain"]) and 0.0 <= q["real_words"] <= 1.0
-    assert set(s["quality_first_pair"]) == set(q) and "ROUGE-1 / 2 / Lsum" in report
+    assert "ROUGE-1 / 2 / Lsum" in report
     base = s["quality_name_baseline"]  # "Return the <function name>.": no model
     assert set(base) == set(q) and 0 < base["rouge1"] < 100 and "Return the <function name>" in report
     assert s["measured_over_full"] == pytest.approx(s["speedup_measured"] / s["speedup_predicted_full"])

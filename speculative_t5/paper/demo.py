@@ -24,10 +24,6 @@ from speculative_t5.paper.rundir import RunDir
 from speculative_t5.measure.quality import name_baseline, summary_quality
 
 PAIR = "the shipped demo pair (16.1M target, 0.66M draft)"
-# The first demo pair's summaries (16.9M target, 2048 pieces, 35 CPU-minutes of training),
-# the figures issue #14 asks a pair to beat: `python experiments/demo_quality.py
-# --num_examples 32` on it, the demo's 32 held-out inputs (ROUGE x 100, greedy).
-FIRST_PAIR_QUALITY = {"rouge1": 11.3, "rouge2": 2.9, "rougeLsum": 11.3, "real_words": 0.735}
 TASK = "task (held-out stdlib functions -> docstring sentence)"
 
 
@@ -180,7 +176,6 @@ def demo(output_dir: Optional[str] = None, num_examples: int = 32, gamma: int = 
     records = sorted(records, key=lambda r: r["index"])
     references = [r["reference"] for r in records]
     summary["quality"] = summary_quality(references, [r["plain_output"] for r in records])
-    summary["quality_first_pair"] = FIRST_PAIR_QUALITY
     summary["quality_name_baseline"] = summary_quality(  # no model: what a pair must beat
         references, [name_baseline(r["input"]) for r in records])
     examples = records[:show]
@@ -275,9 +270,8 @@ def _report(s: Dict, examples: List[Dict]) -> str:
                      f"{r['c']:.3f} | {r['v']:.2f} | {r['speedup_measured']:.2f} | "
                      f"{r['speedup_predicted_full']:.2f} | {r['measured_over_full']:.2f} | "
                      f"{r['speedup_predicted']:.2f} | {r['speedup_predicted_paper']:.2f} | {ident} |")
-    lines += ["", f"Summaries (greedy): {_quality(s['quality'])}; the first demo pair's: "
-              f"{_quality(s['quality_first_pair'])}; no model, \"Return the <function "
-              f"name>.\": {_quality(s['quality_name_baseline'])}.",
+    lines += ["", f"Summaries (greedy): {_quality(s['quality'])}; no model, \"Return the "
+              f"<function name>.\": {_quality(s['quality_name_baseline'])}.",
               "", "## Speedup against gamma (greedy)", "",
               f"{s['sweep_examples']} inputs of the most common input width "
               f"({s['sweep_input_width']} tokens).", "",
@@ -343,8 +337,7 @@ def _print(s: Dict, examples: List[Dict], output_dir: str) -> None:
         f"target call, speedup measured {t1['speedup_measured']:.2f}x; predicted "
         f"{t1['speedup_predicted_full']:.2f}x (cost model: {t1['measured_over_full']:.2f}) / "
         f"{t1['speedup_predicted']:.2f}x / {t1['speedup_predicted_paper']:.2f}x\n"
-        f"summaries: {_quality(s['quality'])} (the first demo pair: "
-        f"{_quality(s['quality_first_pair'])}; no model, \"Return the <function name>.\": "
+        f"summaries: {_quality(s['quality'])} (no model, \"Return the <function name>.\": "
         f"{_quality(s['quality_name_baseline'])})\n"
         + "".join(f"{r['draft']}, {r['verification']}, T={r['temperature']:g}: "
                   f"{r['tokens_per_target_call']:.2f} tokens per target call, speedup measured "
