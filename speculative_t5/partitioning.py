@@ -9,7 +9,13 @@ copies side by side on different rows of the batch ('data'). The model only name
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Sequence, Tuple
+import os
+import re
+import socket
+import sys
+import threading
+import time
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import flax.linen as nn
 import gin
@@ -172,23 +178,134 @@ def _is_axes(a) -> bool:
     return isinstance(a, tuple) and all(n is None or isinstance(n, str) for n in a)
 
 
+INIT_MARGIN = 30  # s: JAX's own deadline, this much past ours, ends the process natively
+LOST_PEER = re.compile(r"gloo|connection reset|socket closed|unavailable|deadline.exceeded|"
+                       r"heartbeat|coordination service|barrier|nccl|peer", re.IGNORECASE)
+
+
+def check_address(address: str) -> Tuple[str, int]:
+    """(host, port) of a HOST:PORT coordinator address ([v6::addr]:PORT for IPv6), or a
+    one-line ValueError."""
+    host, sep, port = str(address).rpartition(":")
+    bare_v6 = ":" in host and not (host.startswith("[") and host.endswith("]"))
+    if not sep or not host.strip("[]") or bare_v6 or not port.isdigit() \
+            or not 1 <= int(port) <= 65535:
+        raise ValueError(f"--coordinator_address {address!r} must be HOST:PORT with a port in "
+                         "1..65535 (an IPv6 host in brackets: [::1]:1234)")
+    return host.strip("[]"), int(port)
+
+
+def _reachable(host: str, port: int) -> Optional[str]:
+    """None if a TCP connection to host:port opens within a second, else why not."""
+    try:
+        socket.create_connection((host, port), timeout=1.0).close()
+        return None
+    except OSError as e:
+        return e.strerror or type(e).__name__
+
+
+def _waiting(address: Optional[str], num_processes: Optional[int],
+             process_id: Optional[int]) -> Callable[[bool], str]:
+    """What this process waits for, as a phrase (final=True: why it gave up)."""
+    if address is None:
+        return lambda final: ("JAX never found and joined every process (--multiprocess)"
+                              if final else "waiting for JAX to find and join every process")
+    host, port = check_address(address)
+    others = num_processes - 1
+
+    def describe(final: bool) -> str:
+        why = _reachable(host, port)
+        if process_id == 0:
+            unreachable = "" if why is None else \
+                f"; this process's own service is not reachable there: {why}"
+            return (f"process 0 of {num_processes} waited at {address} for {others} of "
+                    f"{num_processes} processes, which never all came; start each with the "
+                    f"same --coordinator_address and --num_processes {num_processes}"
+                    f"{unreachable}" if final else
+                    f"waiting for {others} of {num_processes} processes at {address}, as "
+                    f"the coordinator (process 0){unreachable}")
+        if why is not None:
+            return (f"process {process_id} of {num_processes} never reached the coordinator "
+                    f"(process 0) at {address}: {why}; check the address and that process 0 "
+                    "runs" if final else
+                    f"waiting for the coordinator (process 0) at {address}: {why}")
+        return (f"process {process_id} of {num_processes} reached the coordinator at {address}, "
+                f"but not all {num_processes} processes joined" if final else
+                f"waiting at {address} for all {num_processes} processes to join; the "
+                "coordinator answers")
+    return describe
+
+
+def _watch(describe: Callable[[bool], str], timeout: float, done: threading.Event,
+           first: float = 2.0, every: float = 10.0) -> None:
+    """Until `done`: a progress line on stderr `first` s in, then every `every` s; at
+    `timeout` s, a one-line error and exit status 1 (the wait is in native code, and JAX's
+    own deadline would abort with a stack trace)."""
+    start = time.monotonic()
+    deadline, next_line = start + timeout, start + first
+    while not done.wait(max(0.0, min(next_line, deadline) - time.monotonic())):
+        now = time.monotonic()
+        if now >= deadline:
+            print(f"error: gave up after {timeout:g} s (--initialization_timeout): "
+                  f"{describe(True)}", file=sys.stderr, flush=True)
+            os._exit(1)
+        print(f"{describe(False)} ({now - start:.0f} s of {timeout:g} s)", file=sys.stderr,
+              flush=True)
+        next_line = now + every
+
+
 def initialize_distributed(coordinator_address: Optional[str] = None,
                            num_processes: Optional[int] = None,
-                           process_id: Optional[int] = None, auto: bool = False) -> bool:
+                           process_id: Optional[int] = None, auto: bool = False,
+                           initialization_timeout: float = 300) -> bool:
     """Join JAX's distributed runtime, so the mesh spans every process's devices (each
     process then runs the same program in lock-step). Explicit address/count/id for any
     cluster (and tests on localhost); `auto` lets JAX find them (Cloud TPU pod slices,
-    SLURM, Open MPI). Returns whether it initialized; must run before any device is used."""
+    SLURM, Open MPI). Returns whether it initialized; must run before any device is used.
+    While it waits, a line on stderr every few seconds says for what; if not every process
+    has joined within initialization_timeout seconds it prints one line and ends the
+    process with status 1 (JAX's wait cannot be interrupted)."""
     given = [coordinator_address is not None, num_processes is not None, process_id is not None]
     if any(given) and not all(given):
         raise ValueError("give --coordinator_address, --num_processes and --process_id together "
                          "(or --multiprocess alone to let JAX find them)")
+    if not (all(given) or auto):
+        return False
+    if isinstance(initialization_timeout, bool) or \
+            not isinstance(initialization_timeout, (int, float)) or \
+            not 0 < initialization_timeout < float("inf"):
+        raise ValueError(f"initialization_timeout must be a number of seconds > 0, got "
+                         f"{initialization_timeout!r}")
     if all(given):
+        if num_processes < 1:
+            raise ValueError(f"num_processes must be >= 1, got {num_processes}")
         if not 0 <= process_id < num_processes:
             raise ValueError(f"process_id {process_id} is outside [0, {num_processes})")
-        jax.distributed.initialize(coordinator_address, num_processes, process_id)
-        return True
-    if auto:
-        jax.distributed.initialize()
-        return True
-    return False
+        check_address(coordinator_address)
+    describe = _waiting(coordinator_address, num_processes, process_id)
+    done = threading.Event()
+    threading.Thread(target=_watch, args=(describe, float(initialization_timeout), done),
+                     daemon=True, name="distributed-wait").start()
+    try:
+        jax.distributed.initialize(
+            coordinator_address, num_processes, process_id,
+            initialization_timeout=math.ceil(initialization_timeout) + INIT_MARGIN)
+    except (RuntimeError, ValueError) as e:  # found nothing to join, a bad host name, ...
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise RuntimeError(f"could not join the distributed runtime: {first}") from None
+    finally:
+        done.set()
+    return True
+
+
+def lost_peer(error: BaseException) -> Optional[str]:
+    """One line for an error a multi-process run raised because it lost another process (a
+    collective or the coordination service failed), None for any other error."""
+    if jax.process_count() == 1 or not isinstance(error, RuntimeError):
+        return None
+    text = str(error).strip()
+    if not LOST_PEER.search(text):
+        return None
+    return (f"process {jax.process_index()} of {jax.process_count()} lost contact with another "
+            f"process: {text.splitlines()[0][:300]}; restart every process with the same "
+            "command to resume")

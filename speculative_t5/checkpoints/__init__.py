@@ -128,7 +128,10 @@ def draft_parts(spec: str) -> list:
         except ValueError:
             raise ValueError(f"draft {part!r}: '{ZERO_COST}', '{ZERO_COST}:MAX_NGRAM' or "
                              f"'{ZERO_COST}:MAX_NGRAM:MIN_NGRAM' (integers)") from None
-        out.append(PromptLookup(*sizes))
+        try:
+            out.append(PromptLookup(*sizes))
+        except ValueError as e:  # out of range: name the spec too
+            raise ValueError(f"draft {part.strip()!r}: {e}") from None
     return out
 
 

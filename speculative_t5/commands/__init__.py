@@ -177,6 +177,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--coordinator_address", help="host:port of process 0 (other clusters)")
     p.add_argument("--num_processes", type=int, help="processes in the run")
     p.add_argument("--process_id", type=int, help="this process's index, 0 = coordinator")
+    p.add_argument("--initialization_timeout", type=float, default=300, metavar="SECONDS",
+                   help="give up (one line, exit status 1) if not every process has joined "
+                        "within this many seconds (default 300)")
     sub = p.add_subparsers(dest="command", required=True)
     for name, command in COMMANDS.items():
         sp = sub.add_parser(name, help=command.help)
@@ -219,6 +222,16 @@ def enable_compile_cache() -> Optional[str]:
     return path
 
 
+def _end_progress_bars() -> None:
+    """End the line of any progress bar still open, so an error prints on its own line."""
+    tqdm = getattr(sys.modules.get("tqdm"), "tqdm", None)
+    for bar in list(getattr(tqdm, "_instances", ())):
+        try:
+            bar.close()
+        except Exception:  # a bar half torn down: the message still prints
+            pass
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     bindings, rest = split_gin_flags(argv)
@@ -227,9 +240,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     paths = [s for s in (args.gin_search_paths + "," + args.sub_gin_search_paths).split(",") if s]
     from speculative_t5.partitioning import initialize_distributed
     try:
-        initialize_distributed(args.coordinator_address, args.num_processes, args.process_id,
-                               auto=args.multiprocess)
-    except ValueError as e:
+        distributed = initialize_distributed(
+            args.coordinator_address, args.num_processes, args.process_id,
+            auto=args.multiprocess, initialization_timeout=args.initialization_timeout)
+    except (ValueError, RuntimeError) as e:
         raise SystemExit(f"error: {e}") from None
     enable_compile_cache()
     command = COMMANDS[args.command]
@@ -257,6 +271,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         message = str(e).split("\n  In call to configurable")[0]  # gin's addition: a 2nd line
         raise SystemExit(f"error: {message}") from None
     except RuntimeError as e:  # gin.REQUIRED unfilled: neither flag nor binding given
+        from speculative_t5.partitioning import lost_peer
+        lost = lost_peer(e) if distributed else None
+        if lost:  # leave at once: exiting normally would wait on the lost process
+            if args.debug:
+                import traceback
+                traceback.print_exc()
+            _end_progress_bars()
+            print(f"error: {lost}", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(1)
         if "Required bindings" not in str(e):
             raise
         raise SystemExit(f"error: {args.command} needs {command.required}") from None

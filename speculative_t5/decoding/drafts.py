@@ -240,12 +240,20 @@ class PromptLookup:
     excluded; at the most recent occurrence of the longest n that occurs, the gamma tokens
     that followed it are proposed (a continuation that runs into the query repeats with the
     occurrence's period). No match: no proposal (count 0). q is one-hot on each
-    proposal, so the decode stays exact. Needs no model; vocab_size is the target's."""
+    proposal, so the decode stays exact. Needs no model; vocab_size is the target's.
+    max_ngram is at most MAX_NGRAM (the compiled lookup grows with max_ngram^2), and n-grams
+    longer than a history cannot match, so the compiled lookup stops at the history's length."""
+
+    MAX_NGRAM = 32  # ~10 s to compile over a 640-token history; 3 to 10 is the usual choice
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, vocab_size: Optional[int] = None):
         for name, v in (("max_ngram", max_ngram), ("min_ngram", min_ngram)):
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"PromptLookup {name} must be an int >= 1, got {v!r}")
+        if max_ngram > self.MAX_NGRAM:
+            raise ValueError(f"PromptLookup max_ngram {max_ngram} is above {self.MAX_NGRAM}, the "
+                             "most it compiles in reasonable time (its program grows with "
+                             "max_ngram^2; 3 to 10 is usual)")
         if min_ngram > max_ngram:
             raise ValueError(f"PromptLookup min_ngram {min_ngram} > max_ngram {max_ngram}")
         self.max_ngram, self.min_ngram = int(max_ngram), int(min_ngram)
@@ -289,7 +297,8 @@ class PromptLookup:
         i = jnp.arange(H)[None, :]                                             # [1, H] starts
         start = jnp.full((B,), -1, jnp.int32)                                  # chosen match
         size = jnp.zeros((B,), jnp.int32)
-        for n in range(self.max_ngram, self.min_ngram - 1, -1):               # longest first
+        top = min(self.max_ngram, H - 1)                  # a longer n-gram has no earlier start
+        for n in range(top, self.min_ngram - 1, -1):                          # longest first
             match = (i < (length - n)[:, None]) & (n <= m)[:, None]           # earlier starts
             for k in range(n):
                 query = _take(h, jnp.maximum(length - n + k, 0)[:, None])      # [B, 1]

@@ -4,7 +4,8 @@ message that names it."""
 from __future__ import annotations
 
 import os
-from typing import List, Sequence, Tuple
+import re
+from typing import List, Optional, Sequence, Tuple
 
 import gin
 
@@ -58,7 +59,59 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Seque
     for path in [gin_root(), os.getcwd(), *search_paths]:
         if path not in gin_config._LOCATION_PREFIXES:
             gin.add_config_file_search_path(path)
+    cycle = include_cycle(files, gin_config._LOCATION_PREFIXES)
+    if cycle:
+        raise SystemExit(f"error: gin include cycle: {' -> '.join(cycle)}")
     try:
         gin.parse_config_files_and_bindings(list(files), list(bindings), finalize_config=False)
     except (ValueError, KeyError, IOError, SyntaxError, TypeError) as e:
         raise SystemExit(f"error: bad gin configuration: {type(e).__name__}: {e}") from None
+
+
+_INCLUDE = re.compile(r"""^\s*include\s+(['"])(.+?)\1\s*(#.*)?$""")
+
+
+def _resolve(name: str, prefixes: Sequence[str]) -> Optional[str]:
+    """The file gin reads for `name` (the first search path holding it), None if none does."""
+    for prefix in ([""] if os.path.isabs(name) else prefixes):
+        path = os.path.join(prefix, name)
+        if os.path.isfile(path):
+            return os.path.realpath(path)
+    return None
+
+
+def include_cycle(files: Sequence[str], prefixes: Sequence[str]) -> Optional[List[str]]:
+    """The first include cycle among `files` and what they include, as the names written
+    (['a.gin', 'b.gin', 'a.gin']), or None; an include that resolves to no file is left to
+    gin to report."""
+    done = set()
+
+    def visit(name: str, path: str, stack: List[Tuple[str, str]]) -> Optional[List[str]]:
+        seen = [p for _, p in stack]
+        if path in seen:
+            return [n for n, _ in stack[seen.index(path):]] + [name]
+        if path in done:
+            return None
+        stack.append((name, path))
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            lines = []
+        for line in lines:
+            match = _INCLUDE.match(line)
+            child = match and _resolve(match.group(2), prefixes)
+            if child:
+                found = visit(match.group(2), child, stack)
+                if found:
+                    return found
+        stack.pop()
+        done.add(path)
+        return None
+
+    for name in files:
+        path = _resolve(name, prefixes)
+        found = path and visit(name, path, [])
+        if found:
+            return found
+    return None
