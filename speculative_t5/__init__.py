@@ -6,7 +6,7 @@ Layers, each importing only from those listed before it:
   partitioning               the ('data', 'model') mesh and T5X's logical axis rules
   checkpoints                Hugging Face, T5X and native I/O (and the shipped demo pair)
   calibration                model steps timed where the decode runs (adaptive gamma's c, v)
-  engine                     `generate`: builds step functions from models and runs the loops
+  engine                     `generate`, `beam_search`: step functions from models, the loops
   measure                    alpha, the paper's analysis, timing, the cost model
   training                   train / distill
   paper                      the paper's drivers and cells, the demo, plots, run directories
@@ -19,8 +19,8 @@ __version__ = "0.1.0"
 from speculative_t5.checkpoints import (CheckpointError, detect_format, export_hf,
                                         load_checkpoint, save_checkpoint)
 from speculative_t5.checkpoints.demo import load_demo
-from speculative_t5.decoding import GenerateOutput, SamplingConfig, drafts
+from speculative_t5.decoding import BeamSearchOutput, GenerateOutput, SamplingConfig, drafts
 from speculative_t5.calibration import GammaCosts
-from speculative_t5.engine import gamma_costs, generate
+from speculative_t5.engine import beam_search, gamma_costs, generate
 from speculative_t5.partitioning import Partitioner
 from speculative_t5 import data

@@ -1,5 +1,6 @@
-"""`st.generate`: validate arguments, build the models' step functions, run one jitted
-program (the encoders, the cache set-up and the whole decode loop) per shape/config.
+"""`st.generate` and `st.beam_search`: validate arguments, build the models' step functions,
+run one jitted program (the encoders, the cache set-up and the whole decode loop) per
+shape/config.
 
 This is the layer above both the model and the loops (T5X's split: the model side builds
 `tokens_to_logits`, the decode loops know no model)."""
@@ -14,9 +15,10 @@ import numpy as np
 
 from speculative_t5.calibration import (GammaCosts, check_gamma_costs, interleaved_medians,
                                         step_times)
+from speculative_t5.decoding.beam import beam_search as beam_decode
 from speculative_t5.decoding.drafts import Fallback, ModelDraft
 from speculative_t5.decoding.loops import plain_decode, speculative_decode
-from speculative_t5.decoding.output import GenerateOutput
+from speculative_t5.decoding.output import BeamSearchOutput, GenerateOutput
 from speculative_t5.decoding.sampling import (SamplingConfig, check_verification, keys_per_row,
                                               row_keys)
 from speculative_t5.model import gpt2
@@ -164,6 +166,50 @@ def check_prompt_lengths(model: Model, ids: np.ndarray, prompt_lengths,
     return lengths
 
 
+def check_inputs(model: Model, input_ids, prompt_lengths, max_decode_len: int,
+                 max_input_len: Optional[int]) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+    """input_ids as a host array (non-empty, ints in the vocabulary), a decoder-only model's
+    prompt lengths (`check_prompt_lengths`; None for a T5, which takes none), and no row
+    longer than max_input_len -> (ids, lengths or None)."""
+    ids = np.asarray(input_ids)
+    if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer) or ids.shape[0] == 0 \
+            or ids.shape[1] == 0:
+        raise ValueError(f"input_ids must be a non-empty int array [batch, length], got "
+                         f"shape {ids.shape} dtype {ids.dtype}")
+    if ids.min() < 0 or ids.max() >= model.config.vocab_size:
+        raise ValueError(f"input_ids has token ids in [{ids.min()}, {ids.max()}], outside "
+                         f"[0, {model.config.vocab_size})")
+    lengths = None
+    if model.decoder_only:
+        lengths = check_prompt_lengths(model, ids, prompt_lengths, max_decode_len)
+    elif prompt_lengths is not None:
+        raise ValueError("prompt_lengths is for decoder-only models (GPT-2); a T5's inputs "
+                         "are 0-padded")
+    if max_input_len is not None:
+        lengths_in = (ids != model.config.pad_id).sum(1) if lengths is None else lengths
+        if ids.shape[1] > max_input_len and lengths_in.max() > max_input_len:
+            row = int(np.argmax(lengths_in))
+            raise ValueError(f"input row {row} has {int(lengths_in[row])} tokens, longer than "
+                             f"max_input_len {max_input_len}")
+    return ids, lengths
+
+
+def check_memory(need: int, shape: Tuple[int, int], max_decode_len: int) -> None:
+    """A decode that needs more bytes than the device has free is refused before it starts."""
+    have = device_memory()
+    if have and need > have:
+        raise ValueError(f"this decode needs about {need:,} bytes for its caches and buffers "
+                         f"(batch {shape[0]}, input length {shape[1]}, max_decode_len "
+                         f"{max_decode_len}), more than the {have:,} bytes this device has; "
+                         "decode shorter outputs or fewer rows at a time")
+
+
+def check_partitioner(partitioner) -> None:
+    if partitioner is not None and not isinstance(partitioner, Partitioner):
+        raise TypeError(f"partitioner must be a speculative_t5.Partitioner, got "
+                        f"{type(partitioner).__name__}")
+
+
 def draft_models(draft) -> list:
     """The Models a draft holds (itself, or a Fallback's)."""
     if isinstance(draft, Fallback):
@@ -300,35 +346,11 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
     if adaptive_gamma is not False and draft is None:
         raise ValueError("adaptive_gamma needs a draft (it chooses how many drafts a round "
                          "makes)")
-    ids = np.asarray(input_ids)
-    if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer) or ids.shape[0] == 0 \
-            or ids.shape[1] == 0:
-        raise ValueError(f"input_ids must be a non-empty int array [batch, length], got "
-                         f"shape {ids.shape} dtype {ids.dtype}")
-    if ids.min() < 0 or ids.max() >= model.config.vocab_size:
-        raise ValueError(f"input_ids has token ids in [{ids.min()}, {ids.max()}], outside "
-                         f"[0, {model.config.vocab_size})")
-    lengths = None
-    if model.decoder_only:
-        lengths = check_prompt_lengths(model, ids, prompt_lengths, max_decode_len)
-        if recompute_cross_attention:
-            raise ValueError("recompute_cross_attention is for T5 (a GPT-2 has no "
-                             "cross-attention)")
-    elif prompt_lengths is not None:
-        raise ValueError("prompt_lengths is for decoder-only models (GPT-2); a T5's inputs "
-                         "are 0-padded")
-    if max_input_len is not None:
-        lengths_in = (ids != model.config.pad_id).sum(1) if lengths is None else lengths
-        if ids.shape[1] > max_input_len and lengths_in.max() > max_input_len:
-            row = int(np.argmax(lengths_in))
-            raise ValueError(f"input row {row} has {int(lengths_in[row])} tokens, longer than "
-                             f"max_input_len {max_input_len}")
-    need, have = decode_bytes(model, draft, ids.shape[0], ids.shape[1], max_decode_len, gamma), device_memory()
-    if have and need > have:
-        raise ValueError(f"this decode needs about {need:,} bytes for its caches and buffers "
-                         f"(batch {ids.shape[0]}, input length {ids.shape[1]}, max_decode_len "
-                         f"{max_decode_len}), more than the {have:,} bytes this device has; "
-                         "decode shorter outputs or fewer rows at a time")
+    if model.decoder_only and recompute_cross_attention:
+        raise ValueError("recompute_cross_attention is for T5 (a GPT-2 has no cross-attention)")
+    ids, lengths = check_inputs(model, input_ids, prompt_lengths, max_decode_len, max_input_len)
+    check_memory(decode_bytes(model, draft, ids.shape[0], ids.shape[1], max_decode_len, gamma),
+                 ids.shape, max_decode_len)
     rng = jax.random.PRNGKey(0) if rng is None else jnp.asarray(rng)
     keys_per_row(rng, ids.shape[0])  # a bad shape is a clear error now, not in tracing
     rows = ids.shape[0]
@@ -343,21 +365,17 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
         costs = costs.resolved(gamma)
     ids = jnp.asarray(ids, jnp.int32)
     if partitioner is not None:
-        if not isinstance(partitioner, Partitioner):
-            raise TypeError(f"partitioner must be a speculative_t5.Partitioner, got "
-                            f"{type(partitioner).__name__}")
+        check_partitioner(partitioner)
         model = partitioner.shard(model, "target")
         draft = map_models(draft, lambda d: partitioner.shard(d, "draft"))
         # host copies, placed straight into a global sharding (every process passes the same)
         if jnp.issubdtype(keys.dtype, jax.dtypes.prng_key):
             keys = jax.random.key_data(keys)                                   # [B, 2] uint32
 
-        def place(x, axes):  # rows padded to a multiple of 'data', split over it
-            return jax.device_put(_pad_rows(np.asarray(x), partitioner.data_size),
-                                  partitioner.sharding(axes))
-        ids, keys = place(ids, ("batch", "length")), place(keys, ("batch",))
+        ids = _place(partitioner, ids, ("batch", "length"))
+        keys = _place(partitioner, keys, ("batch",))
         if lengths is not None:  # a padded row copies the last row's prompt, length and key
-            lengths = place(np.asarray(lengths, np.int32), ("batch",))
+            lengths = _place(partitioner, np.asarray(lengths, np.int32), ("batch",))
     speculative = draft is not None
     tokens, lengths, stats = _generate(
         model, draft, ids, keys, jnp.float32(sampling.temperature),
@@ -376,6 +394,64 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
                  lenience=float(lenience), verification=verification if speculative else None,
                  draft_stop=draft_stop, adaptive_costs=None if costs is None else costs._asdict())
     return GenerateOutput(tokens, lengths, stats)
+
+
+@functools.partial(jax.jit, static_argnames=("beam_size", "max_decode_len", "partitioner"))
+def _beam_search(model: Model, input_ids, eos, alpha, lengths=None, *, beam_size: int,
+                 max_decode_len: int, partitioner: Optional[Partitioner] = None):
+    """One program per shape and static setting (eos and alpha traced): the cache built for
+    the B rows, repeated per beam (row b's beams at b*W .. b*W + W - 1), then the loop."""
+    start = offset = None
+    if model.decoder_only:
+        cache = prefill_cache(model, input_ids, lengths, max_decode_len)
+        start = jnp.take_along_axis(input_ids, (lengths - 1)[:, None], 1)[:, 0]  # [B]
+        offset = lengths
+    else:
+        cache = init_cache(model, input_ids, max_decode_len)
+    cache = jax.tree_util.tree_map(lambda x: jnp.repeat(x, beam_size, axis=0), cache)
+    if partitioner is not None:
+        cache = partitioner.constrain(cache, cache_axes(cache))
+    return beam_decode(step_fn(model), cache, input_ids.shape[0], beam_size, max_decode_len,
+                       eos, alpha, start, offset)
+
+
+def beam_search(model: Model, input_ids, beam_size: int = 4, alpha: float = 0.6,
+                max_decode_len: int = 64, prompt_lengths=None,
+                partitioner: Optional[Partitioner] = None,
+                max_input_len: Optional[int] = None) -> BeamSearchOutput:
+    """T5X's `beam_search` (`decoding.beam`): beam_size beams per row of input_ids (int32
+    [B, S], 0 = pad), length-normalized by ((5 + length) / 6) ** alpha, up to max_decode_len
+    tokens. A decoder-only model (GPT-2) continues right-padded prompts of prompt_lengths
+    [B] (as `generate`; the prompt counts in the penalty's length, as T5X's initial_index).
+    partitioner: as `generate` (rows padded to a multiple of 'data', then repeated per beam).
+    -> BeamSearchOutput: tokens [B, beam_size, max_decode_len] best first, scores [B, beam_size]
+    (a row with fewer finished beams than slots fills them with scores near -1e7)."""
+    if not isinstance(model, Model):
+        raise TypeError(f"model must be a speculative_t5.Model, got {type(model).__name__}")
+    beam_size = check_int("beam_size", beam_size, 1)
+    max_decode_len = check_int("max_decode_len", max_decode_len, 1)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.floating)) \
+            or not 0.0 <= alpha < float("inf"):
+        raise ValueError(f"alpha must be a number >= 0 (0 = no length normalization), got "
+                         f"{alpha!r}")
+    check_partitioner(partitioner)
+    ids, lengths = check_inputs(model, input_ids, prompt_lengths, max_decode_len, max_input_len)
+    check_memory(decode_bytes(model, None, ids.shape[0] * beam_size, ids.shape[1],
+                              max_decode_len, 0), ids.shape, max_decode_len)
+    rows = ids.shape[0]
+    lengths = None if lengths is None else np.asarray(lengths, np.int32)
+    if partitioner is not None:
+        model = partitioner.shard(model, "target")
+        ids = _place(partitioner, ids.astype(np.int32), ("batch", "length"))
+        lengths = None if lengths is None else _place(partitioner, lengths, ("batch",))
+    tokens, scores, out_lengths, steps = _to_host(_beam_search(
+        model, jnp.asarray(ids, jnp.int32), jnp.int32(model.config.eos_id), jnp.float32(alpha),
+        None if lengths is None else jnp.asarray(lengths), beam_size=beam_size,
+        max_decode_len=max_decode_len, partitioner=partitioner))
+    calls = np.full((rows,), int(steps), np.int32)
+    return BeamSearchOutput(tokens[:rows], scores[:rows], out_lengths[:rows],
+                            {"target_calls": calls, "beam_steps": calls.copy(),
+                             "beam_size": beam_size, "alpha": float(alpha)})
 
 
 _MEASURED: Dict[Tuple, GammaCosts] = {}
@@ -458,6 +534,12 @@ def _to_host(tree):
             return np.asarray(multihost_utils.process_allgather(x, tiled=True))
         return np.asarray(x)
     return jax.tree_util.tree_map(one, tree)
+
+
+def _place(partitioner: Partitioner, x, axes):
+    """A host array's rows padded to a multiple of 'data' (`_pad_rows`) and split over it."""
+    return jax.device_put(_pad_rows(np.asarray(x), partitioner.data_size),
+                          partitioner.sharding(axes))
 
 
 def _pad_rows(x, multiple: int):

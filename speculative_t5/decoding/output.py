@@ -87,6 +87,26 @@ class GenerateOutput:
         return out
 
 
+@dataclasses.dataclass
+class BeamSearchOutput:
+    """tokens int32 [B, W, max_decode_len] best beam first (0 after EOS), scores float32
+    [B, W] (finished: log-prob / brevity penalty; a row with none finished: its live beams'
+    log-probs), lengths int32 [B, W] (through EOS), stats: per-row target_calls and
+    beam_steps [B] (one target call a beam step), beam_size, alpha."""
+    tokens: np.ndarray
+    scores: np.ndarray
+    lengths: np.ndarray
+    stats: Dict[str, Any]
+
+    def summary(self) -> Dict[str, Any]:
+        """Batch totals: target calls, beam steps and beam steps per target call."""
+        calls = int(np.sum(self.stats["target_calls"]))
+        steps = int(np.sum(self.stats["beam_steps"]))
+        return {"target_calls": calls, "beam_steps": steps,
+                "beam_steps_per_target_call": ratio(steps, calls),
+                "beam_size": int(self.stats["beam_size"]), "alpha": float(self.stats["alpha"])}
+
+
 def init_stats(batch: int, gamma: int) -> Dict[str, Array]:
     z = jnp.zeros((batch,), jnp.int32)
     return {"target_calls": z, "draft_calls": z, "two_token_draft_calls": z, "draft_model_steps": z,
