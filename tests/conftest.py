@@ -7,6 +7,9 @@ import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# PyTorch (the reference models) on one thread: two workers' threads on two cores spin-wait
+# on each other, and a tiny forward pass took ~0.7 s instead of ~4 ms
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # One compile cache per test run, shared by its pytest workers and every subprocess they start
 # (two-process runs, the 8-device mesh checks, the CLI in a subprocess), so a program compiled

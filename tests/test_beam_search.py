@@ -26,16 +26,6 @@ NEG = np.float32(-1.0e7)
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """The reference's many tiny forwards: torch's threads spun against busy cores (0.7 s a
-    call on 2 shared cores, 4 ms on one thread). Restored for the modules after this one."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def reference_beam_search(next_logits, batch, beam, eos, alpha, max_len, offset=None):
     """T5X's beam search, row by row in numpy float32. next_logits(tokens [B, W, t]) ->
     [B, W, V]: each beam's logits for its next token after its t tokens. offset [B]: tokens
