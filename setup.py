@@ -17,8 +17,11 @@ EXTRAS = {
     "data": ["seqio", "tensorflow-datasets", "sacrebleu"],
     # torch 2.13.0 has a CPU wheel on these machines; an unpinned torch pulls a CUDA build.
     "test": ["pytest", "pytest-xdist", "torch==2.13.0", "transformers>=4.40"],
+    # the TPU compiler (libtpu) for `speculative-t5 compile`: jax's own extra, so pip picks
+    # the libtpu of the jax it resolves
+    "tpu": ["jax[tpu]"],
 }
-EXTRAS["test"] += EXTRAS["data"]  # the seqio task tests run under tfds mock data
+EXTRAS["test"] += EXTRAS["data"] + EXTRAS["tpu"]  # seqio tasks under tfds mock data; compile
 EXTRAS["all"] = sorted({r for reqs in EXTRAS.values() for r in reqs})
 
 # The reusable gin blocks live in the repo's top-level gin/ and ship as speculative_t5/gin.

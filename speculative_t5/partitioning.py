@@ -165,12 +165,24 @@ class Partitioner:
         """with_sharding_constraint on every array of `tree` by its logical `axes` (same tree,
         a tuple of names per array); inside jit. A replicated draft's arrays keep only their
         rows split (over 'data'): its steps then need no communication at all."""
-        if role == "draft" and self.draft == "replicated":
-            axes = jax.tree_util.tree_map(
-                lambda a: tuple(n if n == "batch" else None for n in a), axes, is_leaf=_is_axes)
         return jax.tree_util.tree_map(
-            lambda a, x: jax.lax.with_sharding_constraint(x, self.sharding(a)), axes, tree,
-            is_leaf=_is_axes)
+            lambda a, x: jax.lax.with_sharding_constraint(x, self.sharding(a)),
+            self._role_axes(axes, role), tree, is_leaf=_is_axes)
+
+    def abstract(self, tree: Any, axes: Any, role: str = "target") -> Any:
+        """ShapeDtypeStructs of `tree` (arrays or `jax.eval_shape` output) carrying the
+        shardings `constrain` gives them: what `jit(...).lower` takes to compile for this
+        mesh with nothing allocated (a TPU topology with no TPU attached, `compile`)."""
+        return jax.tree_util.tree_map(
+            lambda a, x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self.sharding(a)),
+            self._role_axes(axes, role), tree, is_leaf=_is_axes)
+
+    def _role_axes(self, axes: Any, role: str) -> Any:
+        """A replicated draft's arrays keep only their rows split (over 'data')."""
+        if role == "draft" and self.draft == "replicated":
+            return jax.tree_util.tree_map(
+                lambda a: tuple(n if n == "batch" else None for n in a), axes, is_leaf=_is_axes)
+        return axes
 
 
 def _is_axes(a) -> bool:

@@ -162,7 +162,7 @@ def test_cli_table_and_json(capsys):
     assert cli.main(argv + ["--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["chip"] == "v4" and out["mesh"]["model"] == 4
-    assert set(out["chips"]) == {"v4", "v5e", "h100", "h200"}
+    assert set(out["chips"]) == {"v4", "v5e", "v5p", "h100", "h200"}
     assert out["bytes_per_device"]["total"] == sum(
         v for k, v in out["bytes_per_device"].items() if k != "total")
     with pytest.raises(SystemExit, match="num_heads 6 is not divisible by num_partitions 4"):

@@ -157,10 +157,31 @@ COMMANDS: Dict[str, Command] = {
          ("--dtype", dict(choices=DTYPES, help="parameter dtype (bfloat16 halves parameters)")),
          ("--activation_dtype", dict(choices=DTYPES, help="activation and cache dtype")),
          ("--draft_partitioning", dict(choices=("replicated", "partitioned"))),
-         ("--chip", dict(choices=("v4", "v5e", "h100", "h200"), help="the chip to mark")),
+         ("--chip", dict(choices=("v4", "v5e", "v5p", "h100", "h200"), help="the chip to mark")),
          ("--json", dict(dest="as_json", action="store_true", default=None,
                          help="print every number as one JSON object"))),
         "--target (or the gin binding plan.target)"),
+    "compile": Command(
+        "compile the decode for a TPU topology with no TPU attached (libtpu): the compiler's "
+        "memory per device, flops and bytes per part, c, v, predicted speedup",
+        "speculative_t5.measure.tpu_compile:compile_command",
+        (("--target", dict(help="a T5 or GPT-2 preset or a checkpoint directory (config only)")),
+         ("--draft", dict(help="draft preset or checkpoint directory")),
+         ("--topology", dict(choices=("v4-2", "v4-8", "v4-16", "v4-32", "v5e-1", "v5e-8",
+                                      "v5p-8"), help="the TPU slice (default v4-8: 4 chips)")),
+         *((f"--{name}", dict(type=typ)) for name, typ in (
+             ("num_partitions", int), ("batch", int), ("input_length", int),
+             ("max_decode_len", int), ("gamma", int), ("alpha", float))),
+         ("--dtype", dict(choices=DTYPES, help="parameter dtype (activations follow it unless "
+                          "--activation_dtype)")),
+         ("--activation_dtype", dict(choices=DTYPES)),
+         ("--draft_partitioning", dict(choices=("replicated", "partitioned"))),
+         ("--parts_only", dict(action="store_true", default=None, help="compile the parts "
+                               "alone, not the whole decodes (faster)")),
+         ("--hlo_dir", dict(help="also write each program's optimised HLO there")),
+         ("--json", dict(dest="as_json", action="store_true", default=None,
+                         help="print every number as one JSON object"))),
+        "--target (or the gin binding compile.target)"),
 }
 
 
@@ -232,8 +253,27 @@ def _end_progress_bars() -> None:
             pass
 
 
+def skip_absent_tpu() -> None:
+    """With libtpu installed (the `tpu` extra, for `compile`) on a machine with no TPU and no
+    GPU plugin, JAX would try the TPU first and print libtpu's warnings: use the CPU, unless
+    JAX_PLATFORMS says otherwise. A TPU VM shows its chips as /dev/accel* or /dev/vfio/*."""
+    import glob
+    import importlib.util
+    if os.environ.get("JAX_PLATFORMS") or importlib.util.find_spec("libtpu") is None:
+        return
+    if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*") or any(
+            importlib.util.find_spec(p) for p in GPU_PLUGINS):
+        return
+    import jax
+    jax.config.update("jax_platforms", "cpu")
+
+
+GPU_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm6_plugin", "jax_rocm7_plugin")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    skip_absent_tpu()
     bindings, rest = split_gin_flags(argv)
     args = _parser().parse_args(rest)
     files = args.gin_file + args.sub_gin_file

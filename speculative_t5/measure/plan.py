@@ -49,13 +49,15 @@ class Chip:
     hbm_bytes: int        # memory per chip
     hbm_label: str        # as the vendor states it
     bandwidth: float      # HBM bytes per second
+    flops: float          # peak bf16 flops per second (dense)
 
 
 CHIPS: Dict[str, Chip] = {
-    "v4": Chip("TPU v4", 32 * GiB, "32 GiB", 1.2e12),
-    "v5e": Chip("TPU v5e", 16 * GiB, "16 GiB", 819e9),
-    "h100": Chip("H100", 80 * 10**9, "80 GB", 3.35e12),
-    "h200": Chip("H200", 141 * 10**9, "141 GB", 4.8e12),
+    "v4": Chip("TPU v4", 32 * GiB, "32 GiB", 1.2e12, 275e12),
+    "v5e": Chip("TPU v5e", 16 * GiB, "16 GiB", 819e9, 197e12),
+    "v5p": Chip("TPU v5p", 95 * GiB, "95 GiB", 2.765e12, 459e12),
+    "h100": Chip("H100", 80 * 10**9, "80 GB", 3.35e12, 989e12),
+    "h200": Chip("H200", 141 * 10**9, "141 GB", 4.8e12, 989e12),
 }
 
 

@@ -1,0 +1,78 @@
+"""The TPU compiler's table for T5.1.1-XXL + T5.1.1-small (bf16 weights and activations,
+input 512, 128 new tokens, gamma 7): memory per chip, HBM bytes per target step and verify
+pass, roofline ms, c, v and the paper's rows predicted (EnDe greedy alpha 0.75, CNN/DM
+0.65) beside the paper's measured 3.4x / 3.1x -- compiled with no TPU attached
+(`speculative-t5 compile`, libtpu), so the compiler's figures, not walltime.
+
+    python experiments/tpu_table.py [--output runs/tpu_table.jsonl] [--parts_only]
+
+Each configuration (topology, num_partitions, batch) is one JSON line in --output, written
+when it finishes; a rerun skips the lines already there (a compile of the whole XXL decode
+takes minutes on 2 cores). Prints the markdown table of every line in the file."""
+import argparse
+import json
+import os
+
+import speculative_t5 as st
+from speculative_t5.measure import tpu_compile
+from speculative_t5.measure.analysis import walltime_improvement
+
+CONFIGS = [("v4-2", 1, 1), ("v4-2", 1, 32), ("v4-8", 4, 1), ("v4-8", 4, 32),
+           ("v5e-8", 8, 1), ("v5e-8", 8, 32)]
+PAPER = {"EnDe T=0 (alpha 0.75)": (0.75, 3.4), "CNN/DM T=0 (alpha 0.65)": (0.65, 3.1)}
+GiB = 1 << 30
+
+
+def key(topology, partitions, batch):
+    return f"{topology}/{partitions}/{batch}"
+
+
+def run(output, parts_only):
+    done = set()
+    if os.path.exists(output):
+        with open(output) as f:
+            done = {json.loads(line)["key"] for line in f if line.strip()}
+    target = st.T5Config.preset("t5_1_1_xxl").replace(param_dtype="bfloat16", dtype="bfloat16")
+    draft = st.T5Config.preset("t5_1_1_small").replace(param_dtype="bfloat16", dtype="bfloat16")
+    for topology, partitions, batch in CONFIGS:
+        k = key(topology, partitions, batch)
+        if k in done:
+            continue
+        r = tpu_compile.compile_report(target, draft, topology, partitions, batch, 512, 128, 7,
+                                       0.75, whole=not parts_only)
+        with open(output, "a") as f:
+            f.write(json.dumps({"key": k, **r}) + "\n")
+        print(f"{k}: compiled in {r['compile_seconds']:.0f} s", flush=True)
+
+
+def table(output):
+    rows = [json.loads(line) for line in open(output) if line.strip()]
+    head = ("| chip(s), mesh | batch | memory per chip GiB (compiler / plan) | HBM GB per target "
+            "step / verify (ideal) | roofline ms step / verify / draft | c | v | "
+            + " | ".join(f"{name}: predicted (paper measured)" for name in PAPER) + " |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        p, m = r["parts"], r["memory_per_device_bytes"]
+        mem = "-" if m is None else f"{m['total'] / GiB:.2f}"
+        preds = " | ".join(f"{walltime_improvement(a, r['gamma'], r['c'], r['v']):.2f}x ({x}x)"
+                           for a, x in PAPER.values())
+        lines.append(
+            f"| {r['topology']} ({r['num_devices']}), {r['mesh']['data']} x {r['mesh']['model']} "
+            f"| {r['batch']} | {mem} / {r['plan_total_bytes'] / GiB:.2f} | "
+            f"{p['target_step']['hbm_bytes'] / 1e9:.2f} / {p['verify']['hbm_bytes'] / 1e9:.2f} "
+            f"({r['ideal_step_bytes']['target_step'] / 1e9:.2f}) | "
+            f"{p['target_step']['roofline_ms']:.2f} / {p['verify']['roofline_ms']:.2f} / "
+            f"{p['draft_step']['roofline_ms']:.3f} | {r['c']:.3f} | {r['v']:.2f} | {preds} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output", default="runs/tpu_table.jsonl")
+    parser.add_argument("--parts_only", action="store_true",
+                        help="compile the parts alone (no whole-decode memory; faster)")
+    args = parser.parse_args()
+    os.makedirs(os.path.dirname(args.output) or ".", exist_ok=True)
+    run(args.output, args.parts_only)
+    print(table(args.output))

@@ -1,0 +1,99 @@
+"""`speculative-t5 compile`: tiny T5 and GPT-2 speculative decodes compiled for a 4-chip TPU
+v4 with no TPU attached (libtpu's compiler, deviceless), the compiler's memory against
+`plan`, the HBM bytes read off the HLO against the weights and caches a step must read,
+and the command's one-line errors. Skipped, with the reason, only where libtpu cannot load.
+The whole decodes compile in the slow tier (~30 s each on 2 cores)."""
+import sys
+
+import jax
+import pytest
+
+from helpers import tiny_config
+
+import speculative_t5 as st
+from speculative_t5 import commands as cli
+from speculative_t5.measure import tpu_compile
+from speculative_t5.measure.analysis import walltime_improvement
+
+
+@pytest.fixture(scope="module")
+def v4_8():
+    try:
+        return tpu_compile.tpu_devices("v4-8")
+    except Exception as e:  # libtpu missing or unable to load here: say why
+        pytest.skip(f"libtpu cannot load: {type(e).__name__}: {e}")
+
+
+def _pair(family):
+    if family == "t5":
+        target = tiny_config(num_heads=4, vocab_size=64, mlp_dim=48)
+        return target, target.replace(num_encoder_layers=1, num_decoder_layers=1)
+    target = st.GPT2Config(vocab_size=64, n_positions=64, n_embd=32, n_layer=2, n_head=4,
+                            eos_id=63, pad_id=63)
+    return target, target.replace(n_layer=1)
+
+
+def _report(family, whole):
+    target, draft = _pair(family)
+    return tpu_compile.compile_report(target, draft, "v4-8", num_partitions=2, batch=2,
+                                      input_length=8, max_decode_len=12, gamma=3, alpha=0.8,
+                                      whole=whole)
+
+
+def _check_parts(r):
+    assert r["num_devices"] == 4 and r["mesh"] == {"data": 2, "model": 2}
+    parts, ideal = r["parts"], r["ideal_step_bytes"]
+    assert set(parts) == {"setup", "target_step", "verify", "draft_step"}
+    for name in ("target_step", "verify"):  # a step reads at least its weights and caches
+        assert parts[name]["hbm_bytes"] >= ideal["target_step"]
+    assert parts["draft_step"]["hbm_bytes"] >= ideal["draft_step"]
+    for part in parts.values():  # XLA counts every memory space, the HLO count HBM only
+        assert part["bytes_accessed"] >= part["hbm_bytes"] > 0
+    assert all(part["flops"] > 0 for part in parts.values())
+    assert r["c"] > 0 and r["v"] > 0.9  # tiny: c near 1 (a replicated draft), v near 1
+    assert r["speedup_predicted"] == pytest.approx(
+        walltime_improvement(0.8, 3, r["c"], r["v"]))
+
+
+def test_tiny_t5_parts_compile_for_v4_8(v4_8):
+    """The set-up, the target step, the verify pass and the draft step, compiled alone."""
+    r = _report("t5", whole=False)
+    _check_parts(r)
+    assert r["programs"] == {} and r["memory_per_device_bytes"] is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["t5", "gpt2"])
+def test_tiny_speculative_decode_compiles_for_v4_8(v4_8, family):
+    """The whole plain and speculative decodes and their parts compile for v4-8 (4 chips)
+    with num_partitions 2; the compiler's arguments are the parameters plan counts."""
+    r = _report(family, whole=True)
+    _check_parts(r)
+    assert set(r["programs"]) == {"plain_decode", "speculative_decode"}
+    m, planned = r["memory_per_device_bytes"], r["plan"]
+    assert m == r["programs"]["speculative_decode"]["memory_per_device_bytes"]
+    params = planned["target_params"] + planned["draft_params"]
+    # tiny arrays are padded to the TPU's (8, 128) tiles: never fewer bytes than plan's
+    assert params <= m["arguments"] < 8 * params
+    assert m["total"] >= planned["total"]
+    # a tiny model's weights stay in on-chip memory across the loop's iterations, so its
+    # steps there read next to nothing from HBM: only that the loops were found is checked
+    loop = r["in_loop"]
+    assert loop["target_step_hbm_bytes"] > 0 and loop["round_hbm_bytes"] > 0
+
+
+def test_cli_errors_are_one_line(v4_8):
+    with pytest.raises(SystemExit, match="num_partitions 3 does not divide"):
+        cli.main(["compile", "--target", "t5_1_1_small", "--topology", "v4-8",
+                  "--num_partitions", "3"])
+    with pytest.raises(SystemExit, match=r"does not fit a TPU v4 .*target parameters"):
+        cli.main(["compile", "--target", "t5_1_1_xxl", "--topology", "v4-2",
+                  "--dtype", "float32"])
+
+
+def test_without_libtpu_the_error_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "libtpu", None)  # import libtpu -> ImportError
+    with pytest.raises(SystemExit) as e:
+        cli.main(["compile", "--target", "t5_1_1_small"])
+    assert str(e.value) == ("error: compiling for a TPU needs libtpu, the TPU compiler: "
+                            f'pip install "jax[tpu]=={jax.__version__}" (or speculative_t5[tpu])')
