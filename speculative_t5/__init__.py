@@ -6,7 +6,8 @@ Layers, each importing only from those listed before it:
   partitioning               the ('data', 'model') mesh and T5X's logical axis rules
   checkpoints                Hugging Face, T5X and native I/O (and the shipped demo pair)
   calibration                model steps timed where the decode runs (adaptive gamma's c, v)
-  engine                     `generate`, `beam_search`: step functions from models, the loops
+  engine                     `generate`: step functions from models, the loops
+  beam_engine                `beam_search` (with a draft: the speculative beam search)
   measure                    alpha, the paper's analysis, timing, the cost model
   training                   train / distill
   paper                      the paper's drivers and cells, the demo, plots, run directories
@@ -21,6 +22,7 @@ from speculative_t5.checkpoints import (CheckpointError, detect_format, export_h
 from speculative_t5.checkpoints.demo import load_demo
 from speculative_t5.decoding import BeamSearchOutput, GenerateOutput, SamplingConfig, drafts
 from speculative_t5.calibration import GammaCosts
-from speculative_t5.engine import beam_search, gamma_costs, generate
+from speculative_t5.engine import gamma_costs, generate
+from speculative_t5.beam_engine import beam_search
 from speculative_t5.partitioning import Partitioner
 from speculative_t5 import data

@@ -1,6 +1,6 @@
-"""`st.generate` and `st.beam_search`: validate arguments, build the models' step functions,
-run one jitted program (the encoders, the cache set-up and the whole decode loop) per
-shape/config.
+"""`st.generate`: validate arguments, build the models' step functions, run one jitted
+program (the encoders, the cache set-up and the whole decode loop) per shape/config
+(`beam_engine` does the same for `st.beam_search`, with the checks here).
 
 This is the layer above both the model and the loops (T5X's split: the model side builds
 `tokens_to_logits`, the decode loops know no model)."""
@@ -15,10 +15,9 @@ import numpy as np
 
 from speculative_t5.calibration import (GammaCosts, check_gamma_costs, interleaved_medians,
                                         step_times)
-from speculative_t5.decoding.beam import beam_search as beam_decode
 from speculative_t5.decoding.drafts import Fallback, ModelDraft
 from speculative_t5.decoding.loops import plain_decode, speculative_decode
-from speculative_t5.decoding.output import BeamSearchOutput, GenerateOutput
+from speculative_t5.decoding.output import GenerateOutput
 from speculative_t5.decoding.sampling import (SamplingConfig, check_verification, keys_per_row,
                                               row_keys)
 from speculative_t5.model import gpt2
@@ -394,64 +393,6 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
                  lenience=float(lenience), verification=verification if speculative else None,
                  draft_stop=draft_stop, adaptive_costs=None if costs is None else costs._asdict())
     return GenerateOutput(tokens, lengths, stats)
-
-
-@functools.partial(jax.jit, static_argnames=("beam_size", "max_decode_len", "partitioner"))
-def _beam_search(model: Model, input_ids, eos, alpha, lengths=None, *, beam_size: int,
-                 max_decode_len: int, partitioner: Optional[Partitioner] = None):
-    """One program per shape and static setting (eos and alpha traced): the cache built for
-    the B rows, repeated per beam (row b's beams at b*W .. b*W + W - 1), then the loop."""
-    start = offset = None
-    if model.decoder_only:
-        cache = prefill_cache(model, input_ids, lengths, max_decode_len)
-        start = jnp.take_along_axis(input_ids, (lengths - 1)[:, None], 1)[:, 0]  # [B]
-        offset = lengths
-    else:
-        cache = init_cache(model, input_ids, max_decode_len)
-    cache = jax.tree_util.tree_map(lambda x: jnp.repeat(x, beam_size, axis=0), cache)
-    if partitioner is not None:
-        cache = partitioner.constrain(cache, cache_axes(cache))
-    return beam_decode(step_fn(model), cache, input_ids.shape[0], beam_size, max_decode_len,
-                       eos, alpha, start, offset)
-
-
-def beam_search(model: Model, input_ids, beam_size: int = 4, alpha: float = 0.6,
-                max_decode_len: int = 64, prompt_lengths=None,
-                partitioner: Optional[Partitioner] = None,
-                max_input_len: Optional[int] = None) -> BeamSearchOutput:
-    """T5X's `beam_search` (`decoding.beam`): beam_size beams per row of input_ids (int32
-    [B, S], 0 = pad), length-normalized by ((5 + length) / 6) ** alpha, up to max_decode_len
-    tokens. A decoder-only model (GPT-2) continues right-padded prompts of prompt_lengths
-    [B] (as `generate`; the prompt counts in the penalty's length, as T5X's initial_index).
-    partitioner: as `generate` (rows padded to a multiple of 'data', then repeated per beam).
-    -> BeamSearchOutput: tokens [B, beam_size, max_decode_len] best first, scores [B, beam_size]
-    (a row with fewer finished beams than slots fills them with scores near -1e7)."""
-    if not isinstance(model, Model):
-        raise TypeError(f"model must be a speculative_t5.Model, got {type(model).__name__}")
-    beam_size = check_int("beam_size", beam_size, 1)
-    max_decode_len = check_int("max_decode_len", max_decode_len, 1)
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.floating)) \
-            or not 0.0 <= alpha < float("inf"):
-        raise ValueError(f"alpha must be a number >= 0 (0 = no length normalization), got "
-                         f"{alpha!r}")
-    check_partitioner(partitioner)
-    ids, lengths = check_inputs(model, input_ids, prompt_lengths, max_decode_len, max_input_len)
-    check_memory(decode_bytes(model, None, ids.shape[0] * beam_size, ids.shape[1],
-                              max_decode_len, 0), ids.shape, max_decode_len)
-    rows = ids.shape[0]
-    lengths = None if lengths is None else np.asarray(lengths, np.int32)
-    if partitioner is not None:
-        model = partitioner.shard(model, "target")
-        ids = _place(partitioner, ids.astype(np.int32), ("batch", "length"))
-        lengths = None if lengths is None else _place(partitioner, lengths, ("batch",))
-    tokens, scores, out_lengths, steps = _to_host(_beam_search(
-        model, jnp.asarray(ids, jnp.int32), jnp.int32(model.config.eos_id), jnp.float32(alpha),
-        None if lengths is None else jnp.asarray(lengths), beam_size=beam_size,
-        max_decode_len=max_decode_len, partitioner=partitioner))
-    calls = np.full((rows,), int(steps), np.int32)
-    return BeamSearchOutput(tokens[:rows], scores[:rows], out_lengths[:rows],
-                            {"target_calls": calls, "beam_steps": calls.copy(),
-                             "beam_size": beam_size, "alpha": float(alpha)})
 
 
 _MEASURED: Dict[Tuple, GammaCosts] = {}

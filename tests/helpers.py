@@ -132,6 +132,19 @@ def train_sentencepiece(directory, vocab_size=48):
     return prefix + ".model"
 
 
+def run_on_eight_devices(script, *args, timeout=300):
+    """Python source `script` run in a subprocess with 8 host CPU devices (`python -c
+    script ARGS`, the run's compile cache with it, conftest) -> the JSON object it printed
+    last on a line starting "RESULT ", after checking it exited 0."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+               JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", script, *map(str, args)], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
 def run_processes(args, n=2, devices=4, timeout=600):
     """`speculative-t5 ARGS` as n processes on localhost joined by JAX's distributed runtime
     (CPU backend, `devices` devices each); returns each process's (stdout, stderr) after

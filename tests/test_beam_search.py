@@ -7,16 +7,14 @@ Same beams, scores to 1e-5, same number of steps. Beam 1 with alpha 0 follows th
 path (ending it earlier where an EOS runner-up scores higher); a partitioned search (8 CPU
 devices, mesh 4x2, in a subprocess) equals the unpartitioned one; bad arguments are
 one-line errors."""
-import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 import speculative_t5 as st
-from helpers import gpt2_pair, hf_logits, make_hf_model, random_ids, save_hf_dir
+from helpers import (gpt2_pair, hf_logits, make_hf_model, random_ids, run_on_eight_devices,
+                     save_hf_dir)
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -197,15 +195,7 @@ print("RESULT " + json.dumps({"tokens": bool((a.tokens == b.tokens).all()),
 
 
 def test_partitioned_equals_unpartitioned(tmp_path):
-    script = tmp_path / "partitioned.py"
-    script.write_text(SCRIPT)
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu")  # the run's compile cache (conftest) with it
-    proc = subprocess.run([sys.executable, str(script), TESTS], env=env, capture_output=True,
-                          text=True, timeout=300)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    r = json.loads(lines[-1][len("RESULT "):])
+    r = run_on_eight_devices(SCRIPT, TESTS)
     assert r["tokens"] and r["lengths"] and r["scores"] < 1e-5, r
     assert r["calls"][0] == r["calls"][1] and len(r["calls"][0]) == 3
 

@@ -7,8 +7,6 @@ CheckpointError naming the tensor or field; a partitioner loads GPT-2 into its s
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -19,6 +17,7 @@ from speculative_t5.checkpoints import CheckpointError
 from speculative_t5.checkpoints.common import flat_params
 from speculative_t5.commands import main as cli
 from speculative_t5.model import gpt2
+from helpers import run_on_eight_devices
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -259,13 +258,7 @@ print("RESULT " + json.dumps(out))
 def test_partitioned_load_on_eight_devices(tmp_path):
     """GPT-2 read straight into the shards of an 8-way and a 4x2 mesh (the tied lm_head
     compared shard by shard), values exactly the unpartitioned ones."""
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=300)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    out = json.loads(lines[-1][len("RESULT "):])
+    out = run_on_eight_devices(SCRIPT, tmp_path)
     for fmt in ("hf", "native"):
         assert out[f"{fmt}/p8"] == {"equal": True, "wte shard": [11, 32]}
         assert out[f"{fmt}/p2"] == {"equal": True, "wte shard": [44, 32]}

@@ -6,7 +6,7 @@ import os
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "speculative_t5")
 # lowest first; one layer may hold several independent packages
 LAYERS = [{"model", "decoding", "data", "locks"}, {"partitioning"}, {"checkpoints"}, {"calibration"},
-          {"engine"}, {"measure"},
+          {"engine"}, {"beam_engine"}, {"measure"},
           {"training"}, {"paper"}, {"commands"}]
 
 

@@ -4,15 +4,12 @@ only its slice, values identical to the unpartitioned load, every check as stric
 
 The pytest process has one CPU device, so the 8-device checks run in one subprocess (one JAX
 start) that loops over formats and meshes and prints its findings as JSON."""
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 import speculative_t5 as st
-from helpers import tiny_config
+from helpers import run_on_eight_devices, tiny_config
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
@@ -171,15 +168,7 @@ FORMATS = ("native", "hf", "hf_sharded", "hf_bin", "t5x", "t5x_orbax")
 def eight_devices(tmp_path_factory):
     """The subprocess's findings: {'cases': {'fmt/setup': [failures]}, 'errors', 'reads'}."""
     root = tmp_path_factory.mktemp("sharded")
-    script = root / "check.py"
-    script.write_text(SCRIPT)
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, str(script), TESTS, str(root / "ckpts")], env=env,
-                          capture_output=True, text=True, timeout=600)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return run_on_eight_devices(SCRIPT, TESTS, root / "ckpts", timeout=600)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

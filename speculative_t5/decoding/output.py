@@ -92,19 +92,29 @@ class BeamSearchOutput:
     """tokens int32 [B, W, max_decode_len] best beam first (0 after EOS), scores float32
     [B, W] (finished: log-prob / brevity penalty; a row with none finished: its live beams'
     log-probs), lengths int32 [B, W] (through EOS), stats: per-row target_calls and
-    beam_steps [B] (one target call a beam step), beam_size, alpha."""
+    beam_steps [B] (one target call a beam step), beam_size, alpha; with a draft
+    (`decoding.speculative_beam`) also gamma, paths and per row draft_calls, rounds (the
+    batch's target calls) and steps_per_call_hist [B, gamma + 2] (rounds by the beam steps
+    their target call covered)."""
     tokens: np.ndarray
     scores: np.ndarray
     lengths: np.ndarray
     stats: Dict[str, Any]
 
     def summary(self) -> Dict[str, Any]:
-        """Batch totals: target calls, beam steps and beam steps per target call."""
-        calls = int(np.sum(self.stats["target_calls"]))
-        steps = int(np.sum(self.stats["beam_steps"]))
-        return {"target_calls": calls, "beam_steps": steps,
-                "beam_steps_per_target_call": ratio(steps, calls),
-                "beam_size": int(self.stats["beam_size"]), "alpha": float(self.stats["alpha"])}
+        """Batch totals: target calls, beam steps and beam steps per target call (with a
+        draft also draft calls, the rounds and the steps-per-call histogram)."""
+        s = self.stats
+        calls, steps = int(np.sum(s["target_calls"])), int(np.sum(s["beam_steps"]))
+        out = {"target_calls": calls, "beam_steps": steps,
+               "beam_steps_per_target_call": ratio(steps, calls),
+               "beam_size": int(s["beam_size"]), "alpha": float(s["alpha"])}
+        if s.get("gamma"):
+            out.update(gamma=int(s["gamma"]), paths=int(s["paths"]),
+                       draft_calls=int(np.sum(s["draft_calls"])),
+                       rounds=int(np.max(s["rounds"], initial=0)),
+                       steps_per_call_histogram=np.sum(s["steps_per_call_hist"], 0).tolist())
+        return out
 
 
 def init_stats(batch: int, gamma: int) -> Dict[str, Array]:

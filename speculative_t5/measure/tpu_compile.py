@@ -28,7 +28,6 @@ from typing import Any, Dict, Optional, Tuple
 import gin
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from speculative_t5.engine import _generate, cache_positions
 from speculative_t5.measure.analysis import expected_tokens_per_call, walltime_improvement
