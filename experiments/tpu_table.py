@@ -38,11 +38,16 @@ def run(output, parts_only):
         k = key(topology, partitions, batch)
         if k in done:
             continue
-        r = tpu_compile.compile_report(target, draft, topology, partitions, batch, 512, 128, 7,
-                                       0.75, whole=not parts_only)
+        try:
+            r = tpu_compile.compile_report(target, draft, topology, partitions, batch, 512,
+                                           128, 7, 0.75, whole=not parts_only)
+        except ValueError as e:  # does not fit: the row says so
+            r = {"topology": topology, "batch": batch, "mesh": {"data": 1, "model": partitions},
+                 "error": str(e)}
         with open(output, "a") as f:
             f.write(json.dumps({"key": k, **r}) + "\n")
-        print(f"{k}: compiled in {r['compile_seconds']:.0f} s", flush=True)
+        print(f"{k}: {r.get('error') or 'compiled in %.0f s' % r['compile_seconds']}",
+              flush=True)
 
 
 def table(output):
@@ -52,6 +57,11 @@ def table(output):
             + " | ".join(f"{name}: predicted (paper measured)" for name in PAPER) + " |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['topology']}, model {r['mesh']['model']} | {r['batch']} | "
+                         f"{r['error'].split(': ', 1)[-1].split(';')[0]} |" + " |" * 5
+                         + " |" * len(PAPER))
+            continue
         p, m = r["parts"], r["memory_per_device_bytes"]
         mem = "-" if m is None else f"{m['total'] / GiB:.2f}"
         preds = " | ".join(f"{walltime_improvement(a, r['gamma'], r['c'], r['v']):.2f}x ({x}x)"
