@@ -3,6 +3,8 @@ every benchmark against Hugging Face takes (`peer_parser`: `bench_hf.py`, `bench
 Imported by the scripts beside it (run as `python experiments/NAME.py`)."""
 import argparse
 import os
+import statistics
+import time
 
 import speculative_t5 as st
 
@@ -27,3 +29,17 @@ def batches_of(examples, batch):
         width = -(-max(len(e["inputs"]) for e in chunk) // 32) * 32
         out.append(st.data.pad_to([e["inputs"] for e in chunk], width))        # [B, W]
     return out
+
+
+def timed_runs(runs, repeats):
+    """Each of `runs` (name -> function) called once (compiles, first calls), then `repeats`
+    times in turn, so the machine's drift touches all alike -> (first results by name,
+    median seconds by name)."""
+    results = {k: fn() for k, fn in runs.items()}
+    times = {k: [] for k in runs}
+    for _ in range(repeats):
+        for k, fn in runs.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return results, {k: statistics.median(v) for k, v in times.items()}

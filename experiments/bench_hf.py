@@ -22,8 +22,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import statistics
-import time
 
 import numpy as np
 import torch
@@ -31,7 +29,7 @@ from transformers import T5ForConditionalGeneration
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 import speculative_t5 as st
-from bench_common import peer_parser
+from bench_common import peer_parser, timed_runs
 from speculative_t5.data import Vocabulary, pad_rows, tokenize
 from speculative_t5.data.demo_corpus import build_corpus
 from speculative_t5.checkpoints.demo import DEMO_DIR, DEMO_INPUT_LENGTH, DEMO_TASK
@@ -93,14 +91,7 @@ def main():
     runs = {"HF plain (b1)": lambda: hf_run(False), "HF assisted (b1)": lambda: hf_run(True),
             "ours plain (b1)": lambda: ours_run(None, 1), "ours spec (b1)": lambda: ours_run(ours_d, 1),
             "ours plain (b8)": lambda: ours_run(None, 8), "ours spec (b8)": lambda: ours_run(ours_d, 8)}
-    outputs = {k: fn() for k, fn in runs.items()}  # warm-up: compile / first call
-    times = {k: [] for k in runs}
-    for _ in range(args.repeats):
-        for k, fn in runs.items():
-            t0 = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t0)
-    med = {k: statistics.median(v) for k, v in times.items()}
+    outputs, med = timed_runs(runs, args.repeats)
     ref = outputs["ours plain (b1)"]
     tokens = sum(len(o) for o in ref)
     same = {k: sum(np.array_equal(a, b) for a, b in zip(o, ref)) for k, o in outputs.items()}

@@ -88,7 +88,7 @@ def beam_search(model: Model, input_ids, beam_size: int = 4, alpha: float = 0.6,
     of the target's beams, at a wider target call), the target scores them all in one call
     and T5X's steps are replayed on its logits as far as the paths cover the live beams.
     Same beams, scores and lengths as without a draft (up to the float rounding of a
-    (gamma + 1)-token target call against a one-token one; identical on CPU here).
+    (gamma + 1)-token target call against a one-token one: scores within ~1e-5).
     -> BeamSearchOutput: tokens [B, beam_size, max_decode_len] best first, scores [B, beam_size]
     (a row with fewer finished beams than slots fills them with scores near -1e7);
     `summary()["beam_steps_per_target_call"]` (1.0 without a draft)."""

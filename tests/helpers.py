@@ -132,6 +132,20 @@ def train_sentencepiece(directory, vocab_size=48):
     return prefix + ".model"
 
 
+def tiny_decode_pair(d):
+    """In directory d: a tiny T5 target exported as a Hugging Face directory carrying a
+    SentencePiece vocabulary trained here, and a 1-decoder-layer native draft -> (target
+    dir, draft dir, vocabulary path)."""
+    import shutil
+    spm_path = train_sentencepiece(str(d))
+    hf = os.path.join(str(d), "target_hf")
+    st.export_hf(st.init_model(tiny_config(), seed=0), hf)
+    shutil.copy(spm_path, os.path.join(hf, "spiece.model"))
+    draft = os.path.join(str(d), "draft")
+    st.save_checkpoint(st.init_model(tiny_config(num_decoder_layers=1), seed=4), draft)
+    return hf, draft, spm_path
+
+
 def run_on_eight_devices(script, *args, timeout=300):
     """Python source `script` run in a subprocess with 8 host CPU devices (`python -c
     script ARGS`, the run's compile cache with it, conftest) -> the JSON object it printed

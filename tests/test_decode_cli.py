@@ -1,25 +1,18 @@
 """`speculative-t5 decode`: text/TSV in, JSONL out, greedy speculative == plain, resume."""
 import json
 import os
-import shutil
 
 import pytest
 
 import speculative_t5 as st
-from helpers import tiny_config, train_sentencepiece
+from helpers import tiny_config, tiny_decode_pair
 from speculative_t5 import commands as cli
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     d = tmp_path_factory.mktemp("decode")
-    spm_path = train_sentencepiece(str(d))
-    target = st.init_model(tiny_config(), seed=0)
-    hf = str(d / "target_hf")
-    st.export_hf(target, hf)                      # an HF directory carrying its vocabulary
-    shutil.copy(spm_path, os.path.join(hf, "spiece.model"))
-    draft = str(d / "draft")
-    st.save_checkpoint(st.init_model(tiny_config(num_decoder_layers=1), seed=4), draft)
+    hf, draft, spm_path = tiny_decode_pair(d)  # an HF target carrying its vocabulary
     inputs = d / "inputs.tsv"
     lines = ["the quick brown fox\tder fox", "seven small birds sing", "a lazy dog",
              "translate english to german: the data", "summarize this text about models"]

@@ -4,7 +4,8 @@
   speculative-t5 convert --from PATH --to PATH [--format native|hf] [--dtype bfloat16]
   speculative-t5 decode --target PATH [--draft PATH] (--input_file F --output F.jsonl | --prompt TEXT)
       [--vocab spiece.model] [--gamma 4] [--temperature 0] [--top_k 0] [--top_p 1]
-      [--verification token|block] ...
+      [--verification token|block] [--beam_size 4 [--alpha 0.6] [--beam_outputs K]
+      [--beam_paths P]] ...
   speculative-t5 fit_bigram --input_file refs.tsv --target PATH --output bigram.npz  (then --draft bigram:bigram.npz)
   speculative-t5 train --gin_file=configs/demo_target.gin [--gin.train.steps=100]
   speculative-t5 distill --gin_file=configs/demo_draft.gin
@@ -85,7 +86,8 @@ COMMANDS: Dict[str, Command] = {
          ("--overwrite", dict(action="store_true", default=None))),
         "--from and --to (or gin bindings convert.source / convert.destination)"),
     "decode": Command(
-        "decode a text/TSV file into JSONL (speculative with --draft)",
+        "decode a text/TSV file into JSONL (speculative with --draft, beam search with "
+        "--beam_size)",
         "speculative_t5.commands.decode:decode",
         (("--target", dict(help="target model checkpoint (HF, T5X or native)")),
          ("--draft", dict(help="draft model checkpoint, 'prompt_lookup[:MAX[:MIN]]' or "
@@ -109,6 +111,15 @@ COMMANDS: Dict[str, Command] = {
                                    "acceptance rate and c, v measured here")),
          ("--verification", dict(help="token (Algorithm 1, the default) or block (Sun et al. "
                                  "2025: the draft block verified jointly)")),
+         ("--beam_size", dict(type=int, help="T5X's beam search with this many beams "
+                              "(st.beam_search; with a --draft checkpoint the exact speculative "
+                              "beam search: the same beams); a record's output is its best beam")),
+         ("--alpha", dict(type=float, help="beam search's length penalty ((5 + length) / 6) "
+                          "** alpha (default 0.6)")),
+         ("--beam_outputs", dict(type=int, help="beams kept in each record's \"beams\", best "
+                                 "first (1..beam_size, default 1)")),
+         ("--beam_paths", dict(type=int, help="speculative beam search: draft path rows per "
+                               "input (>= beam_size, default 2 * beam_size)")),
          ("--prefix", dict(help="text prepended to every input, e.g. 'summarize: '")),
          ("--dtype", dict(choices=DTYPES, help="parameter dtype in memory")),
          ("--activation_dtype", dict(choices=DTYPES, help="compute dtype (T5X's "

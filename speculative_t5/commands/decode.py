@@ -7,7 +7,9 @@ input file fingerprint, every option that changes an output); a rerun resumes on
 and a file that is not this tool's output is never touched. Sampling is keyed by example
 index, so an output does not depend on the batch size or on where a run was interrupted.
 One process writes an output at a time: OUTPUT.lock beside it names the writer
-(`locks.hold`), and a second is refused."""
+(`locks.hold`), and a second is refused. With beam_size, each input is decoded by T5X's beam
+search (`st.beam_search`; with a draft model the exact speculative beam search): a record's
+output is its best beam, and "beams" its beam_outputs best."""
 from __future__ import annotations
 
 import contextlib
@@ -22,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
+from speculative_t5.beam_engine import beam_search
 from speculative_t5.checkpoints import BigramFile, draft_parts, load_checkpoint, load_draft
 from speculative_t5.commands import interrupt
 from speculative_t5.data import BPEVocabulary, find_vocabulary, pad_rows, pad_to, read_inputs
@@ -110,6 +113,81 @@ def _report_prompt(res, vocabulary, target, ids, sampling, max_decode_len, parti
     print(line)
 
 
+def check_beam(beam_size, alpha, beam_outputs, beam_paths, draft: Optional[str], sampling,
+               lenience: float, verification: str, draft_stop,
+               adaptive_gamma) -> Tuple[Optional[int], Optional[float], int, Optional[int]]:
+    """The beam options validated, and the options beam search has no use for refused (one
+    line each) -> (beam_size, alpha, beam_outputs, beam_paths); without beam_size,
+    (None, None, 1, None) (alpha, beam_outputs and beam_paths given alone are refused)."""
+    if beam_size is None:
+        for name, value, default in (("alpha", alpha, 0.6), ("beam_outputs", beam_outputs, 1),
+                                     ("beam_paths", beam_paths, None)):
+            if value != default:
+                raise ValueError(f"{name} is a beam search option: give --beam_size too")
+        return None, None, 1, None
+    beam_size = check_int("beam_size", beam_size, 1)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) \
+            or not 0.0 <= alpha < float("inf"):
+        raise ValueError(f"alpha must be a number >= 0 (0 = no length normalization), got "
+                         f"{alpha!r}")
+    if isinstance(beam_outputs, bool) or not isinstance(beam_outputs, int) \
+            or not 1 <= beam_outputs <= beam_size:
+        raise ValueError(f"beam_outputs must be an int in 1..beam_size ({beam_size}), got "
+                         f"{beam_outputs!r}")
+    refused = [(sampling.temperature != 0, f"temperature {sampling.temperature}"),
+               (sampling.top_k != 0, f"top_k {sampling.top_k}"),
+               (sampling.top_p != 1, f"top_p {sampling.top_p}"),
+               (lenience != 1, f"lenience {lenience}"),
+               (verification != "token", f"verification {verification!r}"),
+               (draft_stop is not None, f"draft_stop {draft_stop}"),
+               (adaptive_gamma is not False, "adaptive_gamma")]
+    for given, what in refused:
+        if given:
+            raise ValueError(f"{what} does not apply to beam search (--beam_size): it is "
+                             "deterministic and exact; leave it out")
+    parts = draft_parts(draft) if draft else []
+    if len(parts) > 1 or (parts and not isinstance(parts[0], str)):
+        raise ValueError(f"beam search's draft must be a model checkpoint (its own beam search "
+                         f"drafts the beams), not {draft!r}: the zero-cost drafts propose one path")
+    if beam_paths is not None:
+        if not parts:
+            raise ValueError("beam_paths is for a speculative beam search: give --draft "
+                             "(a model checkpoint) too")
+        beam_paths = check_int("beam_paths", beam_paths, beam_size)
+    elif parts:
+        beam_paths = 2 * beam_size  # st.beam_search's default, named in the run
+    return beam_size, float(alpha), beam_outputs, beam_paths
+
+
+def beam_record(res, row: int, vocabulary, beam_outputs: int) -> Dict[str, Any]:
+    """Row `row` of a `BeamSearchOutput` as a record's fields: the best beam's output,
+    tokens, length and score, the beam_outputs best beams (output, tokens, score), and the
+    row's statistics (target_calls, beam_steps; with a draft draft_calls, rounds and
+    steps_per_call_hist)."""
+    beams = []
+    for k in range(beam_outputs):
+        tokens = res.tokens[row, k, :int(res.lengths[row, k])].tolist()
+        beams.append({"output": vocabulary.decode(tokens), "tokens": tokens,
+                      "score": float(res.scores[row, k])})
+    s = res.stats
+    stats = {k: int(s[k][row]) for k in ("target_calls", "beam_steps", "draft_calls", "rounds")
+             if k in s}
+    if "steps_per_call_hist" in s:
+        stats["steps_per_call_hist"] = np.asarray(s["steps_per_call_hist"][row]).tolist()
+    best = beams[0]
+    return {"output": best["output"], "tokens": best["tokens"], "length": len(best["tokens"]),
+            "score": best["score"], "beams": beams, "stats": stats}
+
+
+def beam_summary(rows, beam_size: int, alpha: float) -> Dict[str, Any]:
+    """Totals over beam records' stats (each with its best beam's length)."""
+    calls, steps = (sum(r[k] for r in rows) for k in ("target_calls", "beam_steps"))
+    return {"tokens": sum(r["length"] for r in rows), "target_calls": calls,
+            "draft_calls": sum(r.get("draft_calls", 0) for r in rows), "beam_steps": steps,
+            "beam_steps_per_target_call": steps / calls if calls else 0.0,
+            "beam_size": beam_size, "alpha": alpha}
+
+
 @gin.configurable(denylist=["quiet"])
 def decode(target: str = gin.REQUIRED, input_file: Optional[str] = None,
            output: Optional[str] = None, draft: Optional[str] = None, vocab: Optional[str] = None,
@@ -119,7 +197,9 @@ def decode(target: str = gin.REQUIRED, input_file: Optional[str] = None,
            activation_dtype: Optional[str] = None, partitioner: Optional[Partitioner] = None,
            verification: str = "token", draft_stop: Optional[float] = None,
            adaptive_gamma: bool = False, prompt: Optional[str] = None,
-           max_new_tokens: Optional[int] = None, quiet: bool = False) -> dict:
+           max_new_tokens: Optional[int] = None, beam_size: Optional[int] = None,
+           alpha: float = 0.6, beam_outputs: int = 1, beam_paths: Optional[int] = None,
+           quiet: bool = False) -> dict:
     """Decode every line of `input_file`; one JSONL record per example in `output`.
 
     prompt: one text instead of an input file (output optional): its continuation is
@@ -137,7 +217,14 @@ def decode(target: str = gin.REQUIRED, input_file: Optional[str] = None,
     model), or 'FIRST,THEN' (a fallback: 'prompt_lookup,PATH'); see `checkpoints.load_draft`.
     verification: "token" (default) or "block"; draft_stop: a probability, as in
     `st.generate`; both part of the run. adaptive_gamma: gamma becomes each round's
-    maximum, c and v measured at the first batch (see `st.generate`)."""
+    maximum, c and v measured at the first batch (see `st.generate`).
+
+    beam_size: T5X's beam search with this many beams (`st.beam_search`, length penalty
+    ((5 + length) / 6) ** alpha); with a draft checkpoint the exact speculative beam search
+    (gamma tokens a round on beam_paths path rows per input, default 2 * beam_size: the same
+    beams). A record's output, tokens and length are its best beam's; "beams" holds the
+    beam_outputs best (output, tokens, score). Sampling, lenience, block verification,
+    draft_stop, adaptive_gamma and zero-cost drafts do not apply and are refused."""
     # every option is checked before anything is read, written or loaded
     sampling = sampling_config(None, temperature, top_k, top_p)
     if max_new_tokens is not None and max_decode_len is not None \
@@ -167,6 +254,9 @@ def decode(target: str = gin.REQUIRED, input_file: Optional[str] = None,
     if output is not None and input_file is not None and \
             os.path.abspath(output) == os.path.abspath(input_file):
         raise ValueError(f"--output {output} is the input file")
+    beam_size, alpha, beam_outputs, beam_paths = check_beam(
+        beam_size, alpha, beam_outputs, beam_paths, draft, sampling, lenience, verification,
+        draft_stop, adaptive_gamma)
     draft_stop = check_draft_stop(draft_stop, draft, bool(_draft_dirs(draft)))
     if not isinstance(adaptive_gamma, bool):
         raise ValueError(f"adaptive_gamma must be true or false, got {adaptive_gamma!r}")
@@ -188,8 +278,10 @@ def decode(target: str = gin.REQUIRED, input_file: Optional[str] = None,
            "prefix": prefix, "gamma": gamma if draft else None, **sampling._asdict(),
            "lenience": lenience, "max_decode_len": max_decode_len, "seed": seed,
            "dtype": dtype, "activation_dtype": activation_dtype,
-           "verification": verification if draft else None,
-           "draft_stop": draft_stop, "adaptive_gamma": adaptive_gamma or None}  # None: as before
+           "verification": verification if draft and not beam_size else None,
+           "draft_stop": draft_stop, "adaptive_gamma": adaptive_gamma or None,  # None: as before
+           "beam_size": beam_size, "alpha": alpha, "beam_outputs": beam_outputs if beam_size
+           else None, "beam_paths": beam_paths}
     with _open_log(output, run, len(examples)) as (log, done):
         todo = [i for i in range(len(examples)) if i not in done]
         if log is not None:
@@ -224,22 +316,39 @@ def decode(target: str = gin.REQUIRED, input_file: Optional[str] = None,
             keys = jax.vmap(lambda i: jax.random.fold_in(base, i))(
                 jnp.asarray(idx + idx[:1] * (batch_size - len(idx)), jnp.uint32))
             t0 = time.perf_counter()
-            res = generate(target_model, ids, draft=draft_model, gamma=gamma,
-                           max_decode_len=max_decode_len, sampling=sampling, lenience=lenience,
-                           verification=verification, draft_stop=draft_stop, rng=keys,
-                           adaptive_gamma=adaptive_gamma, partitioner=partitioner,
-                           prompt_lengths=lengths)
+            if beam_size:
+                res = beam_search(target_model, ids, beam_size=beam_size, alpha=alpha,
+                                  max_decode_len=max_decode_len, prompt_lengths=lengths,
+                                  partitioner=partitioner, draft=draft_model, gamma=gamma,
+                                  paths=beam_paths)
+            else:
+                res = generate(target_model, ids, draft=draft_model, gamma=gamma,
+                               max_decode_len=max_decode_len, sampling=sampling,
+                               lenience=lenience, verification=verification,
+                               draft_stop=draft_stop, rng=keys, adaptive_gamma=adaptive_gamma,
+                               partitioner=partitioner, prompt_lengths=lengths)
             seconds = time.perf_counter() - t0
-            if prompt is not None:
+            if prompt is not None and beam_size and not quiet:
+                print(vocabulary.decode(res.tokens[0, 0, :int(res.lengths[0, 0])].tolist()))
+                print(f"{int(res.stats['beam_steps'][0])} beam steps in "
+                      f"{int(res.stats['target_calls'][0])} target passes")
+            elif prompt is not None:
                 _report_prompt(res, vocabulary, target_model, ids, sampling, max_decode_len,
                                partitioner, lengths, draft_model is not None, quiet)
             for row, i in enumerate(idx):
-                stats = res.row(row)
-                n = stats.pop("length")
-                tokens = res.tokens[row, :n].tolist()
-                record = {"index": i, "input": examples[i][0], "output": vocabulary.decode(tokens),
-                          "tokens": tokens, "length": n, "stats": stats,
-                          "batch_seconds": round(seconds, 4), "exact": bool(res.stats["exact"])}
+                if beam_size:
+                    record = beam_record(res, row, vocabulary, beam_outputs)
+                    stats, n = record["stats"], record["length"]
+                    record = {"index": i, "input": examples[i][0], **record,
+                              "batch_seconds": round(seconds, 4), "exact": True}
+                else:
+                    stats = res.row(row)
+                    n = stats.pop("length")
+                    tokens = res.tokens[row, :n].tolist()
+                    record = {"index": i, "input": examples[i][0],
+                              "output": vocabulary.decode(tokens), "tokens": tokens, "length": n,
+                              "stats": stats, "batch_seconds": round(seconds, 4),
+                              "exact": bool(res.stats["exact"])}
                 if examples[i][1] is not None:
                     record["reference"] = examples[i][1]
                 if log is not None:
@@ -250,12 +359,15 @@ def decode(target: str = gin.REQUIRED, input_file: Optional[str] = None,
             bar.set_postfix(
                 tok_s=f"{sum(r['length'] for r in rows) / max(seconds_total, 1e-9):.1f}")
         bar.close()
-    totals = combine(rows)
-    totals.pop("tokens_per_call_histogram")
+    if beam_size:
+        totals = beam_summary(rows, beam_size, alpha)
+    else:
+        totals = combine(rows)
+        totals.pop("tokens_per_call_histogram")
     summary = dict(totals, seconds=seconds_total, examples=len(todo), skipped=len(done),
                    tokens_per_second=totals["tokens"] / max(seconds_total, 1e-9),
                    exact=lenience == 1.0)
-    if not draft:
+    if not draft and not beam_size:
         summary["acceptance_rate"] = None
     if not quiet and prompt is None:
         print(json.dumps(summary))

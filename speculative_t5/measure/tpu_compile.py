@@ -85,6 +85,9 @@ def tpu_devices(name: str):
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", t.name)
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    # with no TPU attached there is nothing to share: let compiles run side by side (libtpu
+    # otherwise takes a lock file and refuses a second process)
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from jax.experimental import topologies
     kwargs = dict(chip_config_name="megacore") if t.megacore else {}
     desc = topologies.get_topology_desc(
