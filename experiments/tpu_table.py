@@ -62,7 +62,7 @@ def table(output):
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['topology']}, model {r['mesh']['model']} | {r['batch']} | "
-                         f"{r['error'].split(': ', 1)[-1].split(';')[0]} |" + " |" * 5
+                         f"{r['error'].split(': ', 1)[-1].split(';')[0]} |" + " |" * 4
                          + " |" * len(PAPER))
             continue
         p, m = r["parts"], r["memory_per_device_bytes"]
@@ -76,6 +76,23 @@ def table(output):
             f"({r['ideal_step_bytes']['target_step'] / 1e9:.2f}) | "
             f"{p['target_step']['roofline_ms']:.2f} / {p['verify']['roofline_ms']:.2f} / "
             f"{p['draft_step']['roofline_ms']:.3f} | {r['c']:.3f} | {r['v']:.2f} | {preds} |")
+    lines += ["", "In the whole decodes' loops, HBM GB per iteration (a plain step; a speculative "
+              "round's verify pass and bookkeeping; a draft step), what copies write to HBM "
+              "per iteration, c and v from them, eq. (5) at the EnDe row:", "",
+              "| chip(s), mesh | batch | plain step | round | draft step | copies per "
+              "iteration (plain / round) | c | v | EnDe predicted |", "|" + "---|" * 9]
+    alpha, gamma, _ = PAPER[next(iter(PAPER))]
+    for r in rows:
+        if "in_loop" not in r:
+            continue
+        x, h = r["in_loop"], {n: p["hbm_bytes"] for n, p in r["programs"].items()}
+        lines.append(
+            f"| {r['topology']} ({r['num_devices']}), {r['mesh']['data']} x {r['mesh']['model']} "
+            f"| {r['batch']} | {x['target_step_hbm_bytes'] / 1e9:.2f} | "
+            f"{x['round_hbm_bytes'] / 1e9:.2f} | {x['draft_step_hbm_bytes'] / 1e9:.3f} | "
+            f"{h['plain_decode']['copies_per_iteration'] / 1e9:.3f} / "
+            f"{h['speculative_decode']['copies_per_iteration'] / 1e9:.3f} | {x['c']:.3f} | "
+            f"{x['v']:.2f} | {walltime_improvement(alpha, gamma, x['c'], x['v']):.2f}x |")
     return "\n".join(lines)
 
 
