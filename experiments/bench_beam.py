@@ -6,7 +6,7 @@ shipped demo pair, and optionally transformers' beam search on the same weights.
 
 The demo's held-out inputs (as `bench_drafts.py`), beam_size 4, alpha 0.6, batches of
 --batch rows. For plain and for each gamma (x each --paths: draft path rows per input,
-default 2 * beam_size): beam steps per target call, target calls (the batch's forward
+default 4 * beam_size): beam steps per target call, target calls (the batch's forward
 passes, summed over batches), walltime per input (the median of --repeats interleaved passes
 over all inputs after a compiling one, divided by the inputs), plain / speculative walltime,
 and how many inputs got the same best beam / the same beams (tokens) as plain beam search;
@@ -90,7 +90,7 @@ def main():
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--gamma", type=ints, default=[2, 3, 4], help="comma-separated, e.g. 2,3,4")
     p.add_argument("--paths", type=ints, default=[], help="draft path rows per input, "
-                   "comma-separated (>= beam_size; default 2 * beam_size)")
+                   "comma-separated (>= beam_size; default 4 * beam_size)")
     p.add_argument("--beam_size", type=int, default=4)
     p.add_argument("--alpha", type=float, default=0.6)
     p.add_argument("--max_decode_len", type=int, default=64)

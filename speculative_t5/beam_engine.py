@@ -56,7 +56,7 @@ def _beam_search(model: Model, draft: Optional[Model], input_ids, eos, alpha, le
 def check_beam_draft(model: Model, draft, gamma, paths, beam_size: int):
     """A beam search's draft: a Model of the target's family and vocabulary (`check_pair`;
     the zero-cost drafts propose one path, not beams), gamma >= 1, paths (path rows per
-    input, default 2 * beam_size) >= beam_size -> (gamma, paths); paths without a draft is
+    input, default 4 * beam_size) >= beam_size -> (gamma, paths); paths without a draft is
     an error."""
     gamma = check_int("gamma", gamma, 1)
     if draft is None:
@@ -68,7 +68,7 @@ def check_beam_draft(model: Model, draft, gamma, paths, beam_size: int):
                         f"beams; the zero-cost drafts of st.drafts propose one path), got "
                         f"{type(draft).__name__}")
     check_pair(model, draft)
-    paths = 2 * beam_size if paths is None else check_int("paths", paths, beam_size)
+    paths = 4 * beam_size if paths is None else check_int("paths", paths, beam_size)
     return gamma, paths
 
 
@@ -84,7 +84,7 @@ def beam_search(model: Model, input_ids, beam_size: int = 4, alpha: float = 0.6,
     partitioner: as `generate` (rows padded to a multiple of 'data', then repeated per beam).
     draft: a smaller Model of the same family and vocabulary -> the exact speculative beam
     search (`decoding.speculative_beam`): each round the draft's own beam search drafts
-    gamma tokens on `paths` path rows per input (default 2 * beam_size; more rows cover more
+    gamma tokens on `paths` path rows per input (default 4 * beam_size; more rows cover more
     of the target's beams, at a wider target call), the target scores them all in one call
     and T5X's steps are replayed on its logits as far as the paths cover the live beams.
     Same beams, scores and lengths as without a draft (up to the float rounding of a

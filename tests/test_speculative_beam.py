@@ -85,9 +85,11 @@ def check_stats(stats, gamma, plain_steps):
     assert np.all(stats["rounds"] == calls.max()) and steps.max() == plain_steps
 
 
-# every gamma 1..7 and beam 1..4; path rows: none spare (gamma 1), some, or enough for every
-# node of the draft's beam search (W + gamma (W - 1): a draft equal to the target then
-# covers gamma + 1 steps every round but a row's last)
+# every gamma 1..7 and beam 1..4; path rows: none spare (gamma 1), some, or many. With
+# P >= 2W - 1 rows a draft equal to the target covers at least 2 steps every round but a
+# row's last: its beam search (P - W wide) holds the target's next W beams at depth 1, the
+# best children first, with rows to hold them; one beam (W = 1) is its greedy path, gamma
+# + 1 steps every round
 CASES = [(1, 4, 4), (2, 3, 7), (3, 2, 5), (4, 4, 8), (5, 1, 1), (6, 3, 15), (7, 2, 3)]
 
 
@@ -96,7 +98,7 @@ def test_lookup_tables_equal_plain_beam_search(gamma, beam, paths):
     rng = np.random.RandomState(gamma)
     start = jnp.asarray(rng.randint(4, V, 5), jnp.int32)     # 5 rows of their own starts
     offset = jnp.asarray(rng.randint(0, 5, 5), jnp.int32)    # and brevity-penalty offsets
-    full = paths >= beam + gamma * (beam - 1)
+    full = paths >= 2 * beam - 1
     for seed, tied, alpha in ((gamma, False, 0.6), (gamma, True, 0.0)):
         target, drafts = tables(seed, tied)
         ref = jax.device_get(plain_tables(target, start, offset, alpha, beam))
@@ -108,9 +110,9 @@ def test_lookup_tables_equal_plain_beam_search(gamma, beam, paths):
                 np.testing.assert_array_equal(a, b, err_msg=f"{what}, {name} draft, tied {tied}")
             check_stats(stats, gamma, int(ref[3]))
             per_call[name] = stats["beam_steps"].sum() / stats["target_calls"].sum()
-            if name == "target" and full:  # every round covers gamma + 1 steps but the last
-                np.testing.assert_array_equal(
-                    stats["target_calls"], -(-stats["beam_steps"] // (gamma + 1)))
+            if name == "target" and full:  # >= 2 steps a round (W = 1: gamma + 1) but the last
+                cover = gamma + 1 if beam == 1 else 2
+                assert np.all(stats["target_calls"] <= -(-stats["beam_steps"] // cover)), stats
         assert min(per_call.values()) >= 1.0, per_call
         if full or not tied:  # (tied tables' beams often have no spare path row at gamma 1)
             assert per_call["target"] > max(per_call["noise"], 1.0), per_call
@@ -156,7 +158,7 @@ def test_t5_equals_plain_beam_search(t5):
         assert_same_beams(plain, out, f"{name} draft")
         check_stats(out.stats, 3, int(plain.stats["beam_steps"][0]))
         summary = out.summary()
-        assert summary["gamma"] == 3 and summary["paths"] == 6
+        assert summary["gamma"] == 3 and summary["paths"] == 12  # the default, 4 * beam_size
         assert summary["target_calls"] == sum(summary["steps_per_call_histogram"])
         per_call[name] = summary["beam_steps_per_target_call"]
     assert plain.summary()["beam_steps_per_target_call"] == 1.0

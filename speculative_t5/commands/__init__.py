@@ -119,7 +119,7 @@ COMMANDS: Dict[str, Command] = {
          ("--beam_outputs", dict(type=int, help="beams kept in each record's \"beams\", best "
                                  "first (1..beam_size, default 1)")),
          ("--beam_paths", dict(type=int, help="speculative beam search: draft path rows per "
-                               "input (>= beam_size, default 2 * beam_size)")),
+                               "input (>= beam_size, default 4 * beam_size)")),
          ("--prefix", dict(help="text prepended to every input, e.g. 'summarize: '")),
          ("--dtype", dict(choices=DTYPES, help="parameter dtype in memory")),
          ("--activation_dtype", dict(choices=DTYPES, help="compute dtype (T5X's "

@@ -155,7 +155,7 @@ def check_beam(beam_size, alpha, beam_outputs, beam_paths, draft: Optional[str],
                              "(a model checkpoint) too")
         beam_paths = check_int("beam_paths", beam_paths, beam_size)
     elif parts:
-        beam_paths = 2 * beam_size  # st.beam_search's default, named in the run
+        beam_paths = 4 * beam_size  # st.beam_search's default, named in the run
     return beam_size, float(alpha), beam_outputs, beam_paths
 
 
@@ -221,7 +221,7 @@ def decode(target: str = gin.REQUIRED, input_file: Optional[str] = None,
 
     beam_size: T5X's beam search with this many beams (`st.beam_search`, length penalty
     ((5 + length) / 6) ** alpha); with a draft checkpoint the exact speculative beam search
-    (gamma tokens a round on beam_paths path rows per input, default 2 * beam_size: the same
+    (gamma tokens a round on beam_paths path rows per input, default 4 * beam_size: the same
     beams). A record's output, tokens and length are its best beam's; "beams" holds the
     beam_outputs best (output, tokens, score). Sampling, lenience, block verification,
     draft_stop, adaptive_gamma and zero-cost drafts do not apply and are refused."""
