@@ -137,12 +137,12 @@ def test_choose_gamma_with_widths_finishes_a_batch_soonest(rows, c, v, v1):
             assert times[g] <= 1.03 * min(times), (alpha, need, g, times)
 
 
-@pytest.mark.runtime_bound
 # block verification's adaptive rounds in the slow tier (~16 s each; the block rule itself
 # is checked by enumeration in the default tier, test_block_verification)
 BLOCK_SLOW = ["token", pytest.param("block", marks=pytest.mark.slow)]
 
 
+@pytest.mark.runtime_bound
 @pytest.mark.parametrize("verification", BLOCK_SLOW)
 def test_adaptive_gamma_sampling_is_exact(monkeypatch, verification):
     target, draft = st.init_model(tx._cfg(), seed=0), st.init_model(tx._cfg(), seed=1)

@@ -194,6 +194,7 @@ print("RESULT " + json.dumps({"tokens": bool((a.tokens == b.tokens).all()),
 '''
 
 
+@pytest.mark.slow
 def test_partitioned_equals_unpartitioned(tmp_path):
     r = run_on_eight_devices(SCRIPT, TESTS)
     assert r["tokens"] and r["lengths"] and r["scores"] < 1e-5, r
