@@ -137,13 +137,8 @@ def test_choose_gamma_with_widths_finishes_a_batch_soonest(rows, c, v, v1):
             assert times[g] <= 1.03 * min(times), (alpha, need, g, times)
 
 
-# block verification's adaptive rounds in the slow tier (~16 s each; the block rule itself
-# is checked by enumeration in the default tier, test_block_verification)
-BLOCK_SLOW = ["token", pytest.param("block", marks=pytest.mark.slow)]
-
-
 @pytest.mark.runtime_bound
-@pytest.mark.parametrize("verification", BLOCK_SLOW)
+@pytest.mark.parametrize("verification", ["token", "block"])
 def test_adaptive_gamma_sampling_is_exact(monkeypatch, verification):
     target, draft = st.init_model(tx._cfg(), seed=0), st.init_model(tx._cfg(), seed=1)
     out, (pvalue, cells) = td._sample_long(target, draft, tx.INPUT, 4, monkeypatch, gamma=3,
@@ -173,7 +168,7 @@ def scripted(monkeypatch):
 
 
 @pytest.mark.runtime_bound
-@pytest.mark.parametrize("verification", BLOCK_SLOW)
+@pytest.mark.parametrize("verification", ["token", "block"])
 def test_rounds_of_every_width_are_exact(scripted, monkeypatch, verification):
     target, draft = st.init_model(tx._cfg(), seed=0), st.init_model(tx._cfg(), seed=1)
     out, (pvalue, cells) = td._sample_long(target, draft, tx.INPUT, 4, monkeypatch, gamma=3,

@@ -108,8 +108,7 @@ def _exact(model, sampling):
 
 
 @pytest.mark.runtime_bound
-@pytest.mark.parametrize("kind", ["model", pytest.param("fallback", marks=pytest.mark.slow),
-                                  pytest.param("model, top-k 3", marks=pytest.mark.slow),
+@pytest.mark.parametrize("kind", ["model", "fallback", "model, top-k 3",
                                   "block, prompt + max_decode_len = n_positions"])
 def test_speculative_sampling_is_exact(kind):
     """T = 1 against enumeration. The last kind ends at the model's position limit, so the

@@ -5,9 +5,8 @@ and sampled tokens on mesh 4x2 (1x8, 2x4 and 8x1 in the slow tier) equal the unp
 decode's, the teacher-forced logits agree to 1e-5, every device holds its slice of each
 parameter and cache, and the exactness chi-square passes through a partitioned mesh; a
 GPT-2 target's decodes (every draft kind) equal its unpartitioned ones on meshes 1x8 and
-4x2 (slow). The multi-process test (slow: ~85 s) runs `decode` as two processes on localhost
-(JAX's distributed runtime, 4 CPU devices each) and compares the output with a one-process
-run; the default tier's two-process runs are tests/test_process_errors.py's."""
+4x2 (slow). The multi-process test runs `decode` as two processes on localhost (JAX's
+distributed runtime, 4 CPU devices each) and compares the output with a one-process run."""
 import json
 import os
 import subprocess
@@ -86,10 +85,9 @@ def test_partitioned_gpt2_decodes_equal_unpartitioned():
 
 
 def test_partitioned_sampling_is_exact(mesh_4x2):
-    """Exact enumeration against 24,000 partitioned speculative samples (mesh 4x2) at top-k 3
-    (T = 1 without it is the same program less the filter)."""
+    """Exact enumeration against 24,000 partitioned speculative samples (mesh 4x2)."""
     r = mesh_4x2
-    for name in ("top-k 3",):
+    for name in ("T=1", "top-k 3"):
         pvalue, cells = r[f"chi-square {name}"]
         assert cells >= 20 and pvalue > 1e-3, (name, pvalue)
 
@@ -153,7 +151,6 @@ def _records(path):
     return json.loads(header), records
 
 
-@pytest.mark.slow
 def test_two_processes_decode_like_one_and_resume(pair):
     d = pair["dir"]
     one, two = d / "one.jsonl", d / "two.jsonl"
