@@ -82,6 +82,13 @@ def test_tiny_speculative_decode_compiles_for_v4_8(v4_8, family):
     assert loop["target_step_hbm_bytes"] > 0 and loop["round_hbm_bytes"] > 0
 
 
+def test_cli_topologies_are_the_modules():
+    """`--topology`'s choices are the slices tpu_compile knows (the parser does not import it)."""
+    action = next(a for a in cli._parser()._subparsers._group_actions[0].choices["compile"]._actions
+                  if a.dest == "topology")
+    assert set(action.choices) == set(tpu_compile.TOPOLOGIES)
+
+
 def test_cli_errors_are_one_line(v4_8):
     with pytest.raises(SystemExit, match="num_partitions 3 does not divide"):
         cli.main(["compile", "--target", "t5_1_1_small", "--topology", "v4-8",

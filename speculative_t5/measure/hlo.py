@@ -159,12 +159,6 @@ def hbm_bytes(hlo_text: str) -> Dict[str, int]:
     return {"read": read, "written": written, "total": read + written}
 
 
-def largest(hlo_text: str, n: int = 10) -> List[Tuple[int, str]]:
-    """The n instructions that move the most HBM bytes: (bytes, the HLO line cut short)."""
-    rows = sorted(hbm_instructions(hlo_text), key=lambda r: -(r.hbm_read + r.hbm_written))
-    return [(r.hbm_read + r.hbm_written, r.text.strip()[:200]) for r in rows[:n]]
-
-
 def _loops(line: str) -> Optional[Tuple[str, Optional[int]]]:
     """A while instruction's body and its known trip count (None: data-dependent)."""
     m = INSTRUCTION.match(line)
@@ -177,8 +171,8 @@ def _loops(line: str) -> Optional[Tuple[str, Optional[int]]]:
 
 def _total(hlo_text: str, comps, computation: str) -> Tuple[int, int, int]:
     """(HBM bytes of one run of `computation` with its loops of known trip count, the
-    largest of its loops of unknown trip count per iteration, the bytes of copies into HBM:
-    copy or copy-start writing an array to HBM, e.g. in another layout)."""
+    largest of its loops of unknown trip count per iteration, the HBM bytes of the copies
+    that write an array to HBM (copy, copy-start), e.g. in another layout)."""
     rows = hbm_instructions(hlo_text, computation, comps)
     total = sum(r.hbm_read + r.hbm_written for r in rows)
     copies = sum(r.hbm_read + r.hbm_written for r in rows
@@ -200,8 +194,9 @@ def loop_bytes(hlo_text: str) -> Dict[str, int]:
     """HBM bytes of a decode program: 'outside' its loops (set-up, once); 'per_iteration' of
     its outermost data-dependent loop (a plain step, or a speculative round without its
     draft steps), 'inner_per_iteration' of the data-dependent loop inside it (a draft step);
-    'copies_per_iteration': what copies write to HBM in the outer loop (a cache-sized carry
-    copied each round would show here; prefetches into on-chip memory do not count);
+    'copies_per_iteration': the HBM bytes of copies into HBM in the outer loop (their reads
+    from on-chip memory count nothing; a cache-sized carry copied each round would show
+    here; prefetches into on-chip memory do not count);
     'copies_outside': the same outside the loops (arrays laid out anew once per decode)."""
     comps = _computations(hlo_text)
     outside, _, copies_outside = _total(hlo_text, comps, "__entry__")

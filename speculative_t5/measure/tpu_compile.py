@@ -11,7 +11,8 @@ parts compiled alone: the set-up (encoders, cross-attention keys/values, caches;
 prefill), the target's one-token step, its verify pass over gamma + 1 tokens and the draft's
 step, each step with its cache donated (updated in place, as in the loop).
 
-Roofline: a part takes max(bytes accessed / HBM bandwidth, flops / peak flops) on one chip;
+Roofline: a part takes max(HBM bytes / HBM bandwidth, flops / peak flops) on one chip, the
+HBM bytes read off the optimised HLO (`hlo`: XLA's own count adds on-chip copies);
 c and v are ratios of those, and eq. (5) and the cost model (`costs.Costs`) turn them into a
 predicted speedup. These are the compiler's figures, not walltime.
 """
@@ -53,10 +54,6 @@ class Topology:
     chip: str                    # a key of plan.CHIPS
     chips_per_host_bounds: Tuple[int, int, int]
     megacore: bool               # v4/v5p: a chip's two cores are one device
-
-    @property
-    def num_chips(self) -> int:
-        return math.prod(int(n) for n in self.topology.split(":")[1].split("x"))
 
 
 TOPOLOGIES: Dict[str, Topology] = {t.name: t for t in (
@@ -188,22 +185,17 @@ def memory(compiled) -> Dict[str, int]:
     return out
 
 
-def cost(compiled, chip: str) -> Dict[str, float]:
+def cost(compiled, hlo_text: str, chip: str) -> Dict[str, float]:
     """Per device: flops and bytes accessed (XLA's cost analysis, every memory space), the
-    bytes that move to and from HBM (`hlo.hbm_bytes`, read off the optimised HLO) and the
+    bytes that move to and from HBM (`hlo.hbm_bytes` of its optimised HLO, hlo_text) and the
     roofline ms, max(HBM bytes / bandwidth, flops / peak)."""
     c = compiled.cost_analysis()
     c = c[0] if isinstance(c, (list, tuple)) else c
     flops, nbytes = float(c.get("flops", 0.0)), float(c.get("bytes accessed", 0.0))
-    hbm = hbm_bytes(compiled.as_text())["total"]
+    hbm = hbm_bytes(hlo_text)["total"]
     spec = CHIPS[chip]
     ms = 1e3 * max(hbm / spec.bandwidth, flops / spec.flops)
     return {"flops": flops, "bytes_accessed": nbytes, "hbm_bytes": hbm, "roofline_ms": ms}
-
-
-def loop_cost(compiled) -> Dict[str, Any]:
-    """A whole decode's HBM bytes: outside its loop and per iteration (`hlo.loop_bytes`)."""
-    return {"hbm_bytes": loop_bytes(compiled.as_text())}
 
 
 def predicted_speedup(parts: Dict[str, Dict[str, float]], alpha: float, gamma: int,
@@ -267,19 +259,22 @@ def compile_report(target_config, draft_config, topology: str = "v4-8", num_part
     finally:
         jax.config.update("jax_enable_compilation_cache", cache)
     seconds = time.monotonic() - start
+    texts = {name: c.as_text() for name, c in compiled.items()}  # megabytes each for XXL
     if hlo_dir:
         os.makedirs(hlo_dir, exist_ok=True)
-        for name, c in compiled.items():
+        for name, text in texts.items():
             with open(os.path.join(hlo_dir, f"{name}.hlo.txt"), "w") as f:
-                f.write(c.as_text())
-    parts = {name: cost(c, t.chip) for name, c in compiled.items() if name in PARTS}
+                f.write(text)
+    parts = {name: cost(c, texts[name], t.chip) for name, c in compiled.items()
+             if name in PARTS}
     main = compiled.get("speculative_decode" if draft is not None else "plain_decode")
     report = {"topology": topology, "chip": t.chip, "num_devices": len(devices),
               "mesh": {"data": p.data_size, "model": p.num_partitions},
               "batch": batch, "input_length": input_length, "max_decode_len": max_decode_len,
               "gamma": gamma, "alpha": alpha, "compile_seconds": seconds,
               "memory_per_device_bytes": None if main is None else memory(main),
-              "programs": {name: {"memory_per_device_bytes": memory(c), **loop_cost(c)}
+              "programs": {name: {"memory_per_device_bytes": memory(c),
+                                  "hbm_bytes": loop_bytes(texts[name])}
                            for name, c in compiled.items() if name not in PARTS},
               "plan_total_bytes": planned["bytes_per_device"]["total"],
               "plan": planned["bytes_per_device"],
