@@ -53,6 +53,18 @@ def _beam_search(model: Model, draft: Optional[Model], input_ids, eos, alpha, le
                                    alpha, gamma, paths, start, offset)
 
 
+PATHS_PER_BEAM = 4  # a speculative beam search's default path rows per input, per beam
+
+
+def check_alpha(alpha) -> float:
+    """Beam search's length-penalty exponent: a number >= 0 (0 = no length normalization)."""
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.floating)) \
+            or not 0.0 <= alpha < float("inf"):
+        raise ValueError(f"alpha must be a number >= 0 (0 = no length normalization), got "
+                         f"{alpha!r}")
+    return float(alpha)
+
+
 def check_beam_draft(model: Model, draft, gamma, paths, beam_size: int):
     """A beam search's draft: a Model of the target's family and vocabulary (`check_pair`;
     the zero-cost drafts propose one path, not beams), gamma >= 1, paths (path rows per
@@ -68,7 +80,8 @@ def check_beam_draft(model: Model, draft, gamma, paths, beam_size: int):
                         f"beams; the zero-cost drafts of st.drafts propose one path), got "
                         f"{type(draft).__name__}")
     check_pair(model, draft)
-    paths = 4 * beam_size if paths is None else check_int("paths", paths, beam_size)
+    paths = PATHS_PER_BEAM * beam_size if paths is None else check_int("paths", paths,
+                                                                        beam_size)
     return gamma, paths
 
 
@@ -96,10 +109,7 @@ def beam_search(model: Model, input_ids, beam_size: int = 4, alpha: float = 0.6,
         raise TypeError(f"model must be a speculative_t5.Model, got {type(model).__name__}")
     beam_size = check_int("beam_size", beam_size, 1)
     max_decode_len = check_int("max_decode_len", max_decode_len, 1)
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.floating)) \
-            or not 0.0 <= alpha < float("inf"):
-        raise ValueError(f"alpha must be a number >= 0 (0 = no length normalization), got "
-                         f"{alpha!r}")
+    check_alpha(alpha)
     gamma, paths = check_beam_draft(model, draft, gamma, paths, beam_size)
     check_partitioner(partitioner)
     ids, lengths = check_inputs(model, input_ids, prompt_lengths, max_decode_len, max_input_len)

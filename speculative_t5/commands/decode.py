@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from speculative_t5.beam_engine import beam_search
+from speculative_t5.beam_engine import PATHS_PER_BEAM, beam_search, check_alpha
 from speculative_t5.checkpoints import BigramFile, draft_parts, load_checkpoint, load_draft
 from speculative_t5.commands import interrupt
 from speculative_t5.data import BPEVocabulary, find_vocabulary, pad_rows, pad_to, read_inputs
@@ -126,10 +126,7 @@ def check_beam(beam_size, alpha, beam_outputs, beam_paths, draft: Optional[str],
                 raise ValueError(f"{name} is a beam search option: give --beam_size too")
         return None, None, 1, None
     beam_size = check_int("beam_size", beam_size, 1)
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) \
-            or not 0.0 <= alpha < float("inf"):
-        raise ValueError(f"alpha must be a number >= 0 (0 = no length normalization), got "
-                         f"{alpha!r}")
+    alpha = check_alpha(alpha)
     if isinstance(beam_outputs, bool) or not isinstance(beam_outputs, int) \
             or not 1 <= beam_outputs <= beam_size:
         raise ValueError(f"beam_outputs must be an int in 1..beam_size ({beam_size}), got "
@@ -155,8 +152,8 @@ def check_beam(beam_size, alpha, beam_outputs, beam_paths, draft: Optional[str],
                              "(a model checkpoint) too")
         beam_paths = check_int("beam_paths", beam_paths, beam_size)
     elif parts:
-        beam_paths = 4 * beam_size  # st.beam_search's default, named in the run
-    return beam_size, float(alpha), beam_outputs, beam_paths
+        beam_paths = PATHS_PER_BEAM * beam_size  # st.beam_search's default, named in the run
+    return beam_size, alpha, beam_outputs, beam_paths
 
 
 def beam_record(res, row: int, vocabulary, beam_outputs: int) -> Dict[str, Any]:
