@@ -70,8 +70,13 @@ def test_demo_command_end_to_end(tmp_path):
     report = open(os.path.join(out, "report.md")).read()
     assert "speedup" in report and "tokens_per_call.png" in report and "cost model" in report
     # the measurements are the drivers' run directories
-    for run in ("walltime/docstrings_t0", "walltime/docstrings_t1", "gamma_sweep/docstrings_t0"):
+    for run in ("walltime/docstrings_t0", "walltime/docstrings_t1", "gamma_sweep/docstrings_t0",
+                "beam/docstrings_beam4"):
         assert os.path.exists(os.path.join(out, run, "examples.jsonl")), run
+    b = s["beam"]  # T5X's beam search against the speculative one: the same beams
+    assert b["examples"] == 4 and b["identical_fraction"] == 1.0 and b["max_score_diff"] < 1e-4
+    assert 1.0 <= b["beam_steps_per_target_call"] <= b["gamma"] + 1
+    assert b["target_calls_spec"] < b["target_calls_plain"] and "beam search (4 beams" in report
     q = s["quality"]   # the greedy outputs' ROUGE, by the walltime driver's scoring too
     assert q["rouge1"] == pytest.approx(s["rouge1_plain"]) and 0.0 <= q["real_words"] <= 1.0
     assert "ROUGE-1 / 2 / Lsum" in report
@@ -84,8 +89,8 @@ def test_demo_command_end_to_end(tmp_path):
 def test_demo_cells_are_the_configs_demo_cells():
     """The demo is the paper drivers over configs/demo/*.gin: with its defaults it writes
     exactly those cells; a changed gamma / temperature / pair is a changed cell."""
-    from speculative_t5.paper.demo import CELLS, DRAFT_CELLS, cell_text
-    for name in {**CELLS, **DRAFT_CELLS}:
+    from speculative_t5.paper.demo import BEAM_CELL, CELLS, DRAFT_CELLS, cell_text
+    for name in {**CELLS, **DRAFT_CELLS, **BEAM_CELL}:
         with open(os.path.join(REPO, "configs", "demo", name + ".gin")) as f:
             assert cell_text(name) == f.read()
     changed = cell_text("docstrings_t1", gamma=3, temperature=0.7, target="/t", draft="/d", vocab="/v")
@@ -95,6 +100,9 @@ def test_demo_cells_are_the_configs_demo_cells():
     assert cell_text("docstrings_fallback_t0", draft="/my/draft").endswith(
         "fallback_draft.then = '/my/draft'\n")
     assert "/my/draft" not in cell_text("docstrings_lookup_t0", draft="/my/draft")
+    beam = cell_text("docstrings_beam4", gamma=5)  # its own gamma, at most 16 inputs
+    assert "GAMMA = 2" in beam and "GAMMA = 5" not in beam and "NUM_EXAMPLES = 16" in beam
+    assert "NUM_EXAMPLES = 4" in cell_text("docstrings_beam4", num_examples=4)
 
 
 def test_bucket_widths():

@@ -1,6 +1,7 @@
 """The paper drivers: every config parses and builds its cell, each driver runs end to end
 on tiny models over tfds mock data and writes all its files, a killed run resumes without
 losing or repeating an example, gin flags override files and bad bindings are named."""
+import csv
 import glob
 import json
 import os
@@ -66,6 +67,7 @@ def test_every_config_parses_and_builds(rel, spm):
         assert cell.temperature == (1.0 if "_t1" in rel else 0.0)
         assert cell.verification == ("block" if "block_verification" in text else "token")
         assert cell.draft.startswith("prompt_lookup") == ("prompt_lookup" in text)
+        assert cell.beam_size == (4 if "beam_search" in text else 0)
         if "fallback" in rel:  # Fallback(prompt lookup, a draft model's path)
             assert cell.draft.split(",")[1].startswith(("gs://", "/"))
         if cell.task in tasks.TASKS:
@@ -73,8 +75,10 @@ def test_every_config_parses_and_builds(rel, spm):
             assert all(e["input_text"].startswith(tasks.TASKS[cell.task]["prefix"])
                        for e in cell.examples)
             assert cell.metric == tasks.TASKS[cell.task]["metric"]
-        if rel.startswith("configs/paper/") and "11b" not in rel:
-            assert cell.paper["alpha"] and cell.paper["speedup"] and cell.target.endswith("_XXL")
+        if rel.startswith("configs/paper/") and "11b" not in rel:  # the paper's XXL pairs
+            assert cell.target.endswith("_XXL")
+            # the paper's own figures beside ours (it reports no beam search)
+            assert bool(cell.paper["alpha"] and cell.paper["speedup"]) == (not cell.beam_size)
     finally:
         gin.clear_config()
 
@@ -124,11 +128,16 @@ def _records(path):
 
 
 def test_walltime_table_end_to_end_and_flags(tmp_path, pair, spm):
+    """A greedy cell and a beam cell (decoding/beam_search.gin: T5X's beam search timed
+    against the speculative one) in one table."""
     cell = _cell_file(tmp_path, pair, spm)
+    beam = _cell_file(tmp_path, pair, spm, name="ende_beam4", decoding="beam_search",
+                      draft="near", extra="TARGET_LENGTH = 10\n")
     out = str(tmp_path / "run")
-    assert cli.main(["walltime_table", "--cell", cell, "--output_dir", out, "--quiet",
-                     "--tfds_data_dir", str(tmp_path / "tfds"),
-                     "--gin.walltime_cell.timing_rounds=2", "--gin.NUM_EXAMPLES=2"]) == 0
+    args = ["walltime_table", "--cell", cell, "--cell", beam, "--output_dir", out, "--quiet",
+            "--tfds_data_dir", str(tmp_path / "tfds"), "--gin.walltime_cell.timing_rounds=2",
+            "--gin.NUM_EXAMPLES=2"]
+    assert cli.main(args) == 0
     for f in ("summary.csv", "summary.md", "config.gin", "environment.json", "walltime.png",
               "ende_t0/examples.jsonl", "ende_t0/config.gin", "ende_t0/timing.json",
               "ende_t0/summary.csv", "ende_t0/tokens_per_call.png"):
@@ -138,8 +147,10 @@ def test_walltime_table_end_to_end_and_flags(tmp_path, pair, spm):
     assert [r["id"] for r in recs] == ["validation-0", "validation-1"]  # --gin.NUM_EXAMPLES won
     assert all(r["identical"] and r["t5x_identical"] for r in recs)     # greedy: exact
     assert all(set(r["seconds"]) == {"plain", "plain_t5x", "spec"} for r in recs)
-    row = dict(zip(*[line.split(",") for line in open(os.path.join(out, "summary.csv")).read().splitlines()]))
-    assert row["cell"] == "ende_t0" and float(row["identical_fraction"]) == 1.0
+    with open(os.path.join(out, "summary.csv")) as f:
+        rows = {r["cell"]: r for r in csv.DictReader(f)}
+    row = rows["ende_t0"]
+    assert row["beam_size"] == "" and float(row["identical_fraction"]) == 1.0
     # float32: plain greedy in a batch of 4 gives the batch-1 tokens (the noise floor is 1)
     assert float(row["plain_batch_identical_fraction"]) == 1.0
     noise = json.load(open(os.path.join(out, "ende_t0", "noise_floor.json")))
@@ -173,6 +184,17 @@ def test_walltime_table_end_to_end_and_flags(tmp_path, pair, spm):
     assert float(row["measured_over_full"]) == pytest.approx(
         float(row["speedup_measured"]) / float(row["speedup_predicted_full"]), rel=1e-3)
     assert all(r["plain"]["target_calls"] == r["plain"]["length"] for r in recs)
+    # the beam row: the same beams as T5X's beam search, fewer target calls, equal BLEU
+    b = rows["ende_beam4"]
+    assert b["beam_size"] == "4" and b["speedup_predicted_full"] == ""
+    assert float(b["identical_fraction"]) == 1.0 and float(b["max_score_diff"]) < 1e-4
+    assert 1.0 < float(b["beam_steps_per_target_call"]) <= 3.0
+    assert int(b["target_calls_spec"]) < int(b["target_calls_plain"])
+    assert b["bleu_plain"] == b["bleu_spec"] and float(b["speedup_measured"]) > 0
+    beams = _records(os.path.join(out, "ende_beam4", "examples.jsonl"))
+    assert len(beams) == 2 and all(r["plain_output"] == r["spec_output"] for r in beams)
+    summary = open(os.path.join(out, "summary.csv")).read()  # a rerun resumes: same rows
+    assert cli.main(args) == 0 and open(os.path.join(out, "summary.csv")).read() == summary
     config = open(os.path.join(out, "ende_t0", "config.gin")).read()
     assert "walltime_cell.timing_rounds = 2" in config and "tfds" in config.split("TFDS_DATA_DIR")[1]
     # the same directory with another config is refused, not mixed
@@ -223,6 +245,24 @@ def test_killed_run_resumes_without_gaps_or_repeats(tmp_path, pair, spm, monkeyp
         assert recs[:len(first[c])] == first[c]  # what was done is kept, not redone
     assert [r["examples"] for r in rows] == [3, 3]
     assert rows[0]["identical_fraction"] == 1.0 and rows[1]["identical_fraction"] is None
+
+
+def test_beam_cells_are_checked(tmp_path, pair, spm):
+    """Beam settings that cannot apply are refused in one line, before anything runs."""
+    for extra, message in (("TEMPERATURE = 1.0", "decodes argmax with token verification"),
+                           ("BEAM_ALPHA = -1", "beam_alpha must be a number >= 0"),
+                           ("BEAM_PATHS = 2", "beam_paths must be None or an int >= beam_size")):
+        bad = _cell_file(tmp_path, pair, spm, name="bad", decoding="beam_search", extra=extra)
+        with pytest.raises(ValueError, match=message):
+            paper.run("walltime_table", [bad], str(tmp_path / "bad"))
+    bad = _cell_file(tmp_path, pair, spm, name="bad", decoding="beam_search",
+                     draft="prompt_lookup")
+    with pytest.raises(ValueError, match="a beam cell's draft must be a draft model checkpoint"):
+        paper.run("walltime_table", [bad], str(tmp_path / "bad"))
+    beam = _cell_file(tmp_path, pair, spm, name="beam", decoding="beam_search")
+    with pytest.raises(ValueError, match="gamma_sweep sweeps speculative decoding"):
+        paper.run("gamma_sweep", [beam], str(tmp_path / "sweep"),
+                  bindings=[f"TFDS_DATA_DIR = '{tmp_path / 'tfds'}'"])
 
 
 @pytest.mark.slow

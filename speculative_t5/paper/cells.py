@@ -48,6 +48,10 @@ class Cell:
     activation_dtype: Optional[str] = None  # None: the checkpoint's (float32)
     partitioner: Optional[Partitioner] = None  # gin: Partitioner.num_partitions = N
     verification: str = "token"   # or "block" (gin/decoding/block_verification.gin)
+    beam_size: int = 0            # > 0: a beam-search cell (gin/decoding/beam_search.gin):
+                                  # T5X's beam search vs the speculative one (`beam_walltime`)
+    beam_alpha: float = 0.6       # beam search's length penalty exponent
+    beam_paths: Optional[int] = None  # draft path rows per input (None: 4 * beam_size)
 
     def width(self, example: Example) -> int:
         """The encoder width an example is decoded at: its length bucket (the next power of
@@ -112,7 +116,8 @@ class Cell:
         """The columns that say which cell a summary row is."""
         return {"cell": self.name, "task": self.task, "draft": self.draft_name,
                 "temperature": self.temperature, "gamma": self.gamma,
-                "verification": self.verification, "examples": len(self.examples)}
+                "verification": self.verification, "examples": len(self.examples),
+                **({"beam_size": self.beam_size} if self.beam_size else {})}
 
 
 @gin.configurable(denylist=["name"])
@@ -123,11 +128,14 @@ def paper_cell(name: str, target: str = gin.REQUIRED, draft: str = gin.REQUIRED,
                dtype: Optional[str] = None, metric: Optional[str] = None, seed: int = 0,
                paper_alpha: Optional[float] = None,
                paper_speedup: Optional[float] = None, input_width: Optional[int] = None,
-               activation_dtype: Optional[str] = None, verification: str = "token") -> Cell:
+               activation_dtype: Optional[str] = None, verification: str = "token",
+               beam_size: int = 0, beam_alpha: float = 0.6,
+               beam_paths: Optional[int] = None) -> Cell:
     """Build and check a Cell from the gin bindings in force. draft: a draft spec as
     `decode --draft` takes it (`checkpoints.load_draft`): a checkpoint path,
     'prompt_lookup[:MAX[:MIN]]', or 'prompt_lookup,PATH' (Fallback: the lookup where it
-    matches, the model elsewhere); checked here, loaded by `Cell.load_models`."""
+    matches, the model elsewhere); checked here, loaded by `Cell.load_models`.
+    beam_size > 0: a beam-search cell (argmax, token verification, a draft model)."""
     from speculative_t5.checkpoints import draft_parts
     from speculative_t5.data.tasks import METRICS
     for field, value in (("target", target), ("draft", draft), ("vocabulary", vocabulary)):
@@ -153,6 +161,8 @@ def paper_cell(name: str, target: str = gin.REQUIRED, draft: str = gin.REQUIRED,
         check_verification(verification)
     except ValueError as e:
         raise ValueError(f"cell {name}: {e}") from None
+    _check_beam(name, beam_size, beam_alpha, beam_paths, draft, temperature, top_k, top_p,
+                verification)
     examples = tuple(examples)
     if not examples:
         raise ValueError(f"cell {name}: no examples")
@@ -165,7 +175,38 @@ def paper_cell(name: str, target: str = gin.REQUIRED, draft: str = gin.REQUIRED,
                 dtype=dtype, metric=metric, seed=seed,
                 paper={"alpha": paper_alpha, "speedup": paper_speedup}, input_width=input_width,
                 activation_dtype=activation_dtype, partitioner=Partitioner(),
-                verification=verification)
+                verification=verification, beam_size=beam_size, beam_alpha=float(beam_alpha),
+                beam_paths=beam_paths)
+
+
+def _check_beam(name, beam_size, beam_alpha, beam_paths, draft, temperature, top_k, top_p,
+                verification) -> None:
+    """A beam cell's settings: beam search is argmax over beams, verified token-wise, and
+    drafted by a model's own beam search (the zero-cost drafts propose one path)."""
+    from speculative_t5.beam_engine import check_alpha
+    from speculative_t5.checkpoints import draft_parts
+    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 0:
+        raise ValueError(f"cell {name}: beam_size must be an int >= 0 (0: no beam search), "
+                         f"got {beam_size!r}")
+    if not beam_size:
+        return
+    try:
+        check_alpha(beam_alpha)
+    except ValueError as e:
+        raise ValueError(f"cell {name}: beam_{e}") from None
+    if beam_paths is not None and (isinstance(beam_paths, bool) or not isinstance(beam_paths, int)
+                                   or beam_paths < beam_size):
+        raise ValueError(f"cell {name}: beam_paths must be None or an int >= beam_size "
+                         f"({beam_size}), got {beam_paths!r}")
+    if (temperature, top_k, top_p) != (0.0, 0, 1.0) or verification != "token":
+        raise ValueError(f"cell {name}: a beam cell (beam_size {beam_size}) decodes argmax "
+                         f"with token verification: temperature 0, top_k 0, top_p 1 "
+                         f"(gin/decoding/beam_search.gin)")
+    parts = draft_parts(draft)
+    if len(parts) != 1 or not isinstance(parts[0], str):
+        raise ValueError(f"cell {name}: a beam cell's draft must be a draft model checkpoint "
+                         f"(its beam search drafts beams; the zero-cost drafts propose one "
+                         f"path), got {draft!r}")
 
 
 @gin.configurable

@@ -3,7 +3,9 @@
 The shipped pair decodes held-out inputs of the standard-library docstring task: the
 `walltime_table` driver over the greedy and the sampled demo cell (`configs/demo/*.gin`,
 written into the output directory so that a command-line change of gamma, temperature or
-models is a cell like any other), then `gamma_sweep` over the greedy cell. From their rows:
+models is a cell like any other), then `gamma_sweep` over the greedy cell and
+`walltime_table` over the beam-search cell (T5X's beam search against the exact speculative
+one: a line of the report). From their rows:
 summary.json, report.md, tokens_per_call.png (paper Figure 4) and speedup_vs_gamma.png
 (Figure 5), and a table of a few outputs on the console. Every measurement is the drivers'.
 """
@@ -32,6 +34,7 @@ class DemoCell(NamedTuple):
     blocks: Tuple[str, ...]         # gin/decoding/ blocks after the task
     lines: Tuple[str, ...] = ()     # the cell's own bindings (its draft)
     draft_macro: Optional[str] = "DRAFT_CHECKPOINT"  # where --draft goes (None: no model)
+    max_examples: Optional[int] = None  # at most this many of the demo's --num_examples
 
 
 def _pair_header(setting: str) -> Tuple[str, ...]:
@@ -82,7 +85,14 @@ def _sampled(cell: DemoCell) -> DemoCell:
 DRAFT_CELLS.update({name.replace("_t0", "_t1"): _sampled(DRAFT_CELLS[name])
                     for name in ("docstrings_lookup_t0", "docstrings_fallback_t0",
                                  "docstrings_bigram_t0")})
-RUN_DIRS = ("cells", "walltime", "gamma_sweep", "drafts")
+# The demo's beam-search line: T5X's beam search (4 beams) against the exact speculative one.
+BEAM_CELL = {"docstrings_beam4": DemoCell(
+    ("# The demo pair's beam search: T5X's (4 beams, alpha 0.6) against the exact speculative",
+     "# beam search (the draft's beam search drafts GAMMA tokens on 16 path rows per input,",
+     "# the target checks them in one call): the same beams, fewer target calls.",
+     "#   speculative-t5 walltime_table --cell configs/demo/docstrings_beam4.gin --output_dir runs/beam"),
+    ("beam_search",), ("GAMMA = 2",), max_examples=16)}
+RUN_DIRS = ("cells", "walltime", "gamma_sweep", "beam", "drafts")
 FAMILIES = ("t5", "gpt2")
 
 
@@ -90,10 +100,14 @@ def cell_text(name: str, gamma: int = 4, num_examples: int = 32, temperature: fl
               target: Optional[str] = None, draft: Optional[str] = None,
               vocab: Optional[str] = None) -> str:
     """A demo cell's gin config; with the defaults, the text of configs/demo/<name>.gin."""
-    cell = {**CELLS, **DRAFT_CELLS}[name]
+    cell = {**CELLS, **DRAFT_CELLS, **BEAM_CELL}[name]
+    own = {line.split("=")[0].strip() for line in cell.lines}  # a cell's own GAMMA first
+    num_examples = min(num_examples, cell.max_examples or num_examples)
     lines = [*cell.header, "include 'runs/paper.gin'", "include 'tasks/demo_docstrings.gin'",
-             *(f"include 'decoding/{b}.gin'" for b in cell.blocks), "", f"GAMMA = {gamma}",
-             f"NUM_EXAMPLES = {num_examples}", *cell.lines]
+             *(f"include 'decoding/{b}.gin'" for b in cell.blocks), "",
+             *(f"{macro} = {value}" for macro, value in (("GAMMA", gamma),
+                                                          ("NUM_EXAMPLES", num_examples))
+               if macro not in own), *cell.lines]
     if name.endswith(("_t1", "_t1_block")) and temperature != 1.0:
         lines.append(f"TEMPERATURE = {float(temperature)!r}")
     for macro, path in (("TARGET_CHECKPOINT", target), (cell.draft_macro, draft),
@@ -160,6 +174,10 @@ def demo(output_dir: Optional[str] = None, num_examples: int = 32, gamma: int = 
         bindings=[f"gamma_sweep_cell.gammas = {sorted(set(gammas))}",
                   "gamma_sweep_cell.one_width = True",
                   f"gamma_sweep_cell.max_examples = {sweep_examples}", *rounds], quiet=quiet)
+    beam, = drivers.run(
+        "walltime_table", _write_cells(output_dir, BEAM_CELL, gamma, num_examples, temperature,
+                                       target, draft, vocab),
+        os.path.join(output_dir, "beam"), quiet=quiet)
     extra = _draft_cells(output_dir, gamma, num_examples, temperature, target, draft, vocab,
                          rounds, quiet) if drafts else None
     shutil.copy(os.path.join(output_dir, "walltime", "docstrings_t0", "tokens_per_call.png"),
@@ -167,6 +185,8 @@ def demo(output_dir: Optional[str] = None, num_examples: int = 32, gamma: int = 
     shutil.copy(os.path.join(output_dir, "gamma_sweep", "docstrings_t0", "speedup_vs_gamma.png"),
                 os.path.join(output_dir, "speedup_vs_gamma.png"))
     summary = _summary(greedy, sampled, sweep, output_dir, temperature)
+    summary["beam"] = {k: beam[k] for k in BEAM_KEYS}
+    summary["compile_seconds"] += beam["compile_seconds"]
     if extra is not None:
         rows, seconds = extra
         summary["drafts"] = [_draft_row(r) for r in (greedy, sampled, *rows)]
@@ -199,6 +219,10 @@ def _draft_cells(output_dir, gamma, num_examples, temperature, target, draft, vo
     return rows, time.perf_counter() - t0
 
 
+BEAM_KEYS = ("examples", "beam_size", "gamma", "beam_paths", "beam_steps_per_target_call",
+             "target_calls_plain", "target_calls_spec", "speedup_measured",
+             "identical_fraction", "max_score_diff", "ms_per_example_plain",
+             "ms_per_example_spec")
 DRAFT_KEYS = ("alpha", "coverage", "tokens_per_target_call", "c", "v", "speedup_measured",
               "speedup_predicted_full", "speedup_predicted", "identical_fraction")
 
@@ -270,6 +294,7 @@ def _report(s: Dict, examples: List[Dict]) -> str:
                      f"{r['c']:.3f} | {r['v']:.2f} | {r['speedup_measured']:.2f} | "
                      f"{r['speedup_predicted_full']:.2f} | {r['measured_over_full']:.2f} | "
                      f"{r['speedup_predicted']:.2f} | {r['speedup_predicted_paper']:.2f} | {ident} |")
+    lines += ["", _beam_line(s["beam"]) + " (beam/)."]
     lines += ["", f"Summaries (greedy): {_quality(s['quality'])}; no model, \"Return the "
               f"<function name>.\": {_quality(s['quality_name_baseline'])}.",
               "", "## Speedup against gamma (greedy)", "",
@@ -307,6 +332,15 @@ def _report(s: Dict, examples: List[Dict]) -> str:
     return "\n".join(lines)
 
 
+def _beam_line(b: Dict) -> str:
+    return (f"beam search ({b['beam_size']} beams, {b['examples']} inputs): speculative "
+            f"(gamma {b['gamma']}, {b['beam_paths']} draft paths) same beams as T5X's "
+            f"{b['identical_fraction']:.0%}, {b['beam_steps_per_target_call']:.2f} beam steps "
+            f"per target call ({b['target_calls_spec']} target calls against "
+            f"{b['target_calls_plain']}), walltime {b['speedup_measured']:.2f}x "
+            f"({b['ms_per_example_spec']:.0f} against {b['ms_per_example_plain']:.0f} ms an input)")
+
+
 def _quality(q: Dict) -> str:
     return (f"ROUGE-1 / 2 / Lsum {q['rouge1']:.1f} / {q['rouge2']:.1f} / {q['rougeLsum']:.1f}, "
             f"{q['real_words']:.1%} of words real (in the stdlib's docstrings)")
@@ -337,6 +371,7 @@ def _print(s: Dict, examples: List[Dict], output_dir: str) -> None:
         f"target call, speedup measured {t1['speedup_measured']:.2f}x; predicted "
         f"{t1['speedup_predicted_full']:.2f}x (cost model: {t1['measured_over_full']:.2f}) / "
         f"{t1['speedup_predicted']:.2f}x / {t1['speedup_predicted_paper']:.2f}x\n"
+        f"{_beam_line(s['beam'])}\n"
         f"summaries: {_quality(s['quality'])} (no model, \"Return the <function name>.\": "
         f"{_quality(s['quality_name_baseline'])})\n"
         + "".join(f"{r['draft']}, {r['verification']}, T={r['temperature']:g}: "

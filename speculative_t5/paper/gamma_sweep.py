@@ -34,6 +34,10 @@ def gamma_sweep_cell(cell: Cell, run: RunDir, gammas: Sequence[int] = (1, 2, 3, 
     one_width: sweep only the examples of the cell's most common input width (one compiled
     program per gamma instead of one per gamma and width); max_examples: at most this many."""
     gammas = _check_gammas(gammas)
+    if cell.beam_size:
+        raise ValueError(f"cell {cell.name} is a beam-search cell (beam_size {cell.beam_size}): "
+                         f"gamma_sweep sweeps speculative decoding; walltime_table times beam "
+                         f"search")
     examples = _swept(cell, one_width)[:max_examples]
     ids = {e["id"] for e in examples}
     todo = [(i, e) for i, e in cell.todo(run.done) if e["id"] in ids]

@@ -16,7 +16,7 @@ import numpy as np
 from speculative_t5.data import pad_rows
 from speculative_t5.engine import generate
 from speculative_t5.decoding.output import combine
-from speculative_t5.paper import plots, timed
+from speculative_t5.paper import beam_walltime, plots, timed
 from speculative_t5.paper.cells import Cell
 from speculative_t5.paper.rundir import RunDir
 from speculative_t5.measure import analysis
@@ -29,8 +29,13 @@ def walltime_cell(cell: Cell, run: RunDir, timing_rounds: int = 20, t5x_baseline
     """Measure the examples not yet in `run`, then summarize all of them (one table row).
     t5x_baseline: also time plain decoding with cross-attention K/V recomputed every step.
     noise_floor_batch: greedy cells also decode every example plainly in batches of this
-    many rows (0: not), the noise floor "identical to plain" is read against."""
+    many rows (0: not), the noise floor "identical to plain" is read against.
+    A beam cell (`cell.beam_size`) times beam search instead (`beam_walltime`)."""
     todo = cell.todo(run.done)
+    if cell.beam_size:  # T5X's beam search against the speculative one (`beam_walltime`)
+        if todo:
+            beam_walltime.measure(cell, run, todo, cell.load_models(), quiet)
+        return beam_walltime.summarize(cell, run)
     noise = cell.temperature == 0.0 and noise_floor_batch and not os.path.exists(_noise_path(run))
     if todo or noise:
         models = cell.load_models()
@@ -147,11 +152,12 @@ def finish(top: RunDir, rows: List[Dict[str, Any]]) -> None:
     top.write_summary(rows)
     labels = [r["cell"] for r in rows]
     series = {"measured (vs ours)": [r["speedup_measured"] for r in rows]}
-    if all(r["speedup_vs_t5x"] is not None for r in rows):
+    if all(r.get("speedup_vs_t5x") is not None for r in rows):
         series["measured (vs T5X-style)"] = [r["speedup_vs_t5x"] for r in rows]
-    series.update({"cost model": [r["speedup_predicted_full"] for r in rows],
-                   "eq. (5), measured v": [r["speedup_predicted"] for r in rows],
-                   "eq. (5), v = 1": [r["speedup_predicted_paper"] for r in rows]})
+    # a beam row has no cost-model prediction: its bars are left out
+    series.update({"cost model": [r.get("speedup_predicted_full") for r in rows],
+                   "eq. (5), measured v": [r.get("speedup_predicted") for r in rows],
+                   "eq. (5), v = 1": [r.get("speedup_predicted_paper") for r in rows]})
     if any(r["paper_speedup"] is not None for r in rows):
         series["paper (TPU v4)"] = [r["paper_speedup"] for r in rows]
     plots.grouped_bars(os.path.join(top.path, "walltime.png"), labels, series,
