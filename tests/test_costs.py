@@ -83,6 +83,7 @@ def test_costs_json_round_trip():
     assert Costs.from_json(json.loads(json.dumps(c.to_json()))) == c
 
 
+@pytest.mark.slow  # calibration timing (~17 s); the timers' own tests stay in the default tier
 def test_measure_costs_times_every_part():
     target = st.init_model(tiny_config(), seed=0)
     draft = st.init_model(tiny_config(num_decoder_layers=1), seed=1)

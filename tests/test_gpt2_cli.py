@@ -69,6 +69,7 @@ def test_prompt_prints_continuation_and_passes(dirs, capsys):
     assert int(m.group(2)) < int(m.group(3)) == len(ref)  # fewer target passes than tokens
 
 
+@pytest.mark.slow  # ~16 s; greedy against transformers stays in test_gpt2_generate
 def test_input_file_matches_transformers(dirs, tmp_path):
     """Prompts of different lengths, two to a batch (so rows are padded differently): each
     record's tokens are transformers' greedy continuation; T = 1 with block verification

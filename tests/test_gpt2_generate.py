@@ -92,7 +92,7 @@ def test_speculative_greedy_equals_plain(pair, gamma):
             assert out.summary()["acceptance_rate"] == 1.0
 
 
-V, STEPS, N = tx.V, tx.STEPS, 120_000
+V, STEPS, N = tx.V, tx.STEPS, 60_000  # as test_drafts' and block verification's
 SMALL = st.GPT2Config(vocab_size=V, n_positions=16, n_embd=16, n_layer=2, n_head=2, eos_id=1,
                       pad_id=0)
 PROMPT = np.array([[3, 5, 2, 7]], np.int32)

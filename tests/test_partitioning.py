@@ -1,12 +1,13 @@
 """Partitioned decoding (`st.Partitioner`, T5X's mesh and rules) and multi-process runs.
 
 The mesh checks run in a subprocess with 8 host CPU devices (tests/mesh_checks.py): greedy
-and sampled tokens on mesh 4x2 (1x8, 2x4 and 8x1 in the slow tier) equal the unpartitioned
-decode's, the teacher-forced logits agree to 1e-5, every device holds its slice of each
+and sampled tokens on mesh 4x2 (1x8, 2x4 and 8x1 in the slow tier, with block verification
+and a partitioned draft on 2x4) equal the unpartitioned decode's, the teacher-forced logits agree to 1e-5, every device holds its slice of each
 parameter and cache, and the exactness chi-square passes through a partitioned mesh; a
 GPT-2 target's decodes (every draft kind) equal its unpartitioned ones on meshes 1x8 and
 4x2 (slow). The multi-process test runs `decode` as two processes on localhost (JAX's
-distributed runtime, 4 CPU devices each) and compares the output with a one-process run."""
+distributed runtime, 4 CPU devices each) and compares the output with a one-process run
+(and, in the slow tier, resumes a torn output)."""
 import json
 import os
 import subprocess
@@ -31,9 +32,9 @@ def _mesh_checks(*parts):
 
 @pytest.fixture(scope="module")
 def mesh_4x2():
-    """One subprocess for the default tier's mesh checks: decodes on the 4x2 mesh (the one
-    that also runs block verification and a partitioned draft), the errors and the
-    exactness chi-square."""
+    """One subprocess for the default tier's mesh checks: decodes on the 4x2 mesh, the
+    errors and the exactness chi-square (the slow tier's meshes add block verification and
+    a partitioned draft, on 2x4)."""
     return _mesh_checks("decodes:4x2", "errors", "exactness")
 
 
@@ -43,9 +44,9 @@ def _check_decodes(r, meshes):
     assert r["devices"] == 8
     decodes = {k: v for k, v in r.items()
                if k.split()[0] in meshes and k.endswith(("greedy", "T=1", "top-p"))}
-    # 4 runs a mesh; 4x2 adds block-verified top-k/top-p, and the partitioned draft's
+    # 4 runs a mesh; 2x4 adds block-verified top-k/top-p, and the partitioned draft's
     # greedy and T = 1
-    assert len(decodes) == 4 * len(meshes) + 3 * ("4x2" in meshes), sorted(decodes)
+    assert len(decodes) == 4 * len(meshes) + 3 * ("2x4" in meshes), sorted(decodes)
     assert all(decodes.values()), [k for k, v in decodes.items() if not v]
     for mesh in meshes:
         parts = {"1x8": 8, "2x4": 4, "8x1": 1, "4x2": 2}[mesh]
@@ -151,26 +152,34 @@ def _records(path):
     return json.loads(header), records
 
 
-def test_two_processes_decode_like_one_and_resume(pair):
-    d = pair["dir"]
-    one, two = d / "one.jsonl", d / "two.jsonl"
-    env = dict(os.environ)  # with the run's compile cache (conftest)
-    proc = subprocess.run([sys.executable, "-m", "speculative_t5.commands",
-                           *_decode_args(pair, one)[:-1]], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+@pytest.fixture(scope="module")
+def one_process(pair):
+    """The reference: the same decode unpartitioned, in this process (one device)."""
+    from speculative_t5 import commands as cli
+    one = pair["dir"] / "one.jsonl"
+    assert cli.main(_decode_args(pair, one)[:-1]) == 0
+    return _records(one)
+
+
+def test_two_processes_decode_like_one(pair, one_process):
+    two = pair["dir"] / "two.jsonl"
     outs = _two_processes(pair, two)  # mesh 4 x 2 over 2 processes' 8 devices
     assert _summary(outs[0][0])["examples"] == 64
     assert _summary(outs[1][0]) is None  # only the coordinator reports
-    header_one, records_one = _records(one)
+    header_one, records_one = one_process
     header_two, records_two = _records(two)
     assert header_one == header_two and records_one == records_two
     assert [r["index"] for r in records_two] == list(range(64))
     assert len({tuple(r["tokens"]) for r in records_one}) > 32  # sampled, rows differ
-    # killed mid-write: a header, 20 records and a torn 21st; both processes resume it
-    with open(two) as f:
-        lines = f.read().splitlines(keepends=True)
-    two.write_text("".join(lines[:21]) + lines[21][:30])
+
+
+@pytest.mark.slow
+def test_two_processes_resume_a_torn_output(pair, one_process):
+    """Killed mid-write: a header, 20 records and a torn 21st; both processes resume it."""
+    two = pair["dir"] / "resumed.jsonl"
+    header, records = one_process
+    lines = [json.dumps(header)] + [json.dumps({**r, "batch_seconds": 0.0}) for r in records]
+    two.write_text("\n".join(lines[:21]) + "\n" + lines[21][:30])
     outs = _two_processes(pair, two)
     assert _summary(outs[0][0])["skipped"] == 20
-    assert _records(two) == (header_one, records_one)
+    assert _records(two) == one_process

@@ -3,7 +3,8 @@ shards (issue #11): each parameter placed as `p.param_shardings` says, each devi
 only its slice, values identical to the unpartitioned load, every check as strict as ever.
 
 The pytest process has one CPU device, so the 8-device checks run in one subprocess (one JAX
-start) that loops over formats and meshes and prints its findings as JSON."""
+start) that loops over formats and meshes and prints its findings as JSON: the slow tier
+(about 50 s on 2 cores); the default tier keeps the one-device partitioner's load."""
 import os
 
 import pytest
@@ -171,6 +172,7 @@ def eight_devices(tmp_path_factory):
     return run_on_eight_devices(SCRIPT, TESTS, root / "ckpts", timeout=600)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_every_format_loads_straight_into_the_partitioners_shards(eight_devices, fmt):
     """Target over 8 and over 4x2 devices, a replicated and a partitioned draft, and a
@@ -181,6 +183,7 @@ def test_every_format_loads_straight_into_the_partitioners_shards(eight_devices,
     assert {k: v for k, v in cases.items() if v} == {}
 
 
+@pytest.mark.slow
 def test_lazy_readers_read_slices_not_whole_tensors(eight_devices):
     """Over 8 partitions a partitioned tensor is read in eighths (replicated ones whole)."""
     size = 512 * 128  # the embedding [vocab, embed], partitioned over 'vocab'
@@ -192,6 +195,7 @@ def test_lazy_readers_read_slices_not_whole_tensors(eight_devices):
     assert stored["encoder/layers_0/mlp/wi_0/kernel"] == 128 * 256 // 8
 
 
+@pytest.mark.slow
 def test_errors_stay_as_strict_with_a_partitioner(eight_devices):
     errors = eight_devices["errors"]
     for fmt in ("t5x", "t5x_orbax"):
