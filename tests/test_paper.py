@@ -195,6 +195,24 @@ def test_walltime_table_end_to_end_and_flags(tmp_path, pair, spm):
     assert len(beams) == 2 and all(r["plain_output"] == r["spec_output"] for r in beams)
     summary = open(os.path.join(out, "summary.csv")).read()  # a rerun resumes: same rows
     assert cli.main(args) == 0 and open(os.path.join(out, "summary.csv")).read() == summary
+    # a TPU prediction added to the finished run (nothing re-measured): the cell's alpha with
+    # the c and v of a `compile --json` report's parts
+    report = {"topology": "v4-8", "batch": 1, "gamma": 2, "max_decode_len": 8, "c": 0, "v": 0,
+              "parts": {"setup": {"roofline_ms": 2.0}, "target_step": {"roofline_ms": 4.0},
+                        "verify": {"roofline_ms": 4.4}, "draft_step": {"roofline_ms": 0.2}}}
+    path = tmp_path / "compile.json"
+    path.write_text(json.dumps(report))
+    assert cli.main(args + [f"--gin.walltime_cell.tpu_report='{path}'"]) == 0
+    with open(os.path.join(out, "summary.csv")) as f:
+        tpu = next(r for r in csv.DictReader(f) if r["cell"] == "ende_t0")
+    a, c, v = float(row["alpha"]), 0.2 / 4.0, 4.4 / 4.0
+    assert tpu["tpu_topology"] == "v4-8" and float(tpu["c_tpu"]) == pytest.approx(c)
+    assert float(tpu["speedup_predicted_tpu"]) == pytest.approx(
+        (1 - a ** 3) / ((1 - a) * (2 * c + v)), rel=1e-5)          # eq. (5)
+    assert _records(os.path.join(out, "ende_t0", "examples.jsonl")) == recs
+    path.write_text(json.dumps({**report, "gamma": 7}))
+    with pytest.raises(SystemExit, match="compiled for gamma 7 \\(the cell: 2\\)"):
+        cli.main(args + [f"--gin.walltime_cell.tpu_report='{path}'"])
     config = open(os.path.join(out, "ende_t0", "config.gin")).read()
     assert "walltime_cell.timing_rounds = 2" in config and "tfds" in config.split("TFDS_DATA_DIR")[1]
     # the same directory with another config is refused, not mixed

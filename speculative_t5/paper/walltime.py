@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import gin
 import numpy as np
@@ -25,12 +25,18 @@ from speculative_t5.measure.alpha import alpha_of, overlap_sums
 
 @gin.configurable(denylist=["cell", "run"])
 def walltime_cell(cell: Cell, run: RunDir, timing_rounds: int = 20, t5x_baseline: bool = True,
-                  noise_floor_batch: int = 4, quiet: bool = False) -> Dict:
+                  noise_floor_batch: int = 4, tpu_report: Optional[str] = None,
+                  quiet: bool = False) -> Dict:
     """Measure the examples not yet in `run`, then summarize all of them (one table row).
     t5x_baseline: also time plain decoding with cross-attention K/V recomputed every step.
     noise_floor_batch: greedy cells also decode every example plainly in batches of this
     many rows (0: not), the noise floor "identical to plain" is read against.
-    A beam cell (`cell.beam_size`) times beam search instead (`beam_walltime`)."""
+    tpu_report: a `speculative-t5 compile --json` output for this cell's models at batch 1
+    and its gamma: the row adds the TPU prediction, the cell's measured alpha with the
+    compiler's c and v (`tpu_prediction`).
+    A beam cell (`cell.beam_size`) times beam search instead (`beam_walltime`; no cost
+    model, so no TPU prediction)."""
+    report = None if tpu_report is None or cell.beam_size else read_tpu_report(tpu_report, cell)
     todo = cell.todo(run.done)
     if cell.beam_size:  # T5X's beam search against the speculative one (`beam_walltime`)
         if todo:
@@ -43,7 +49,43 @@ def walltime_cell(cell: Cell, run: RunDir, timing_rounds: int = 20, t5x_baseline
             _measure(cell, run, todo, models, timing_rounds, t5x_baseline, quiet)
         if noise:
             _noise_floor(cell, run, models[0], noise_floor_batch)
-    return summarize(cell, run)
+    row = summarize(cell, run)
+    if report is not None:
+        row.update(tpu_prediction(report, row["alpha"], cell))
+        run.write_summary([row])
+    return row
+
+
+def read_tpu_report(path: str, cell: Cell) -> Dict[str, Any]:
+    """A `compile --json` report, checked to describe this cell's decode (batch 1, its gamma
+    and max_decode_len): anything else is refused in one line."""
+    try:
+        with open(path) as f:
+            report = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"walltime_cell.tpu_report: cannot read {path}: {e}") from None
+    need = ("topology", "batch", "gamma", "max_decode_len", "parts", "c", "v")
+    if not isinstance(report, dict) or any(k not in report for k in need):
+        raise ValueError(f"walltime_cell.tpu_report: {path} is not a `speculative-t5 compile "
+                         f"--json` report (it needs {', '.join(need)})")
+    want = {"batch": 1, "gamma": cell.gamma, "max_decode_len": cell.max_decode_len}
+    wrong = [f"{k} {report[k]} (the cell: {v})" for k, v in want.items() if report[k] != v]
+    if wrong:
+        raise ValueError(f"walltime_cell.tpu_report: {path} was compiled for "
+                         f"{', '.join(wrong)}; compile with --batch 1 --gamma {cell.gamma} "
+                         f"--max_decode_len {cell.max_decode_len}")
+    return report
+
+
+def tpu_prediction(report: Dict[str, Any], alpha: float, cell: Cell) -> Dict[str, Any]:
+    """The cell's speedup on the compiled TPU topology: its measured alpha with the
+    compiler's c and v (eq. (5)), and the cost model over the compiled parts' roofline
+    times. The compiler's figures, not walltime."""
+    from speculative_t5.measure.tpu_compile import predicted_speedup
+    pred = predicted_speedup(report["parts"], alpha, cell.gamma, cell.max_decode_len)
+    return {"tpu_topology": report["topology"], "c_tpu": pred["c"], "v_tpu": pred["v"],
+            "speedup_predicted_tpu": pred["speedup_predicted"],
+            "speedup_predicted_tpu_cost_model": pred["speedup_predicted_cost_model"]}
 
 
 def _noise_path(run: RunDir) -> str:
