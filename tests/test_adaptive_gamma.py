@@ -300,12 +300,14 @@ def test_measured_costs_and_errors():
     target, draft = st.init_model(tx._cfg(), seed=0), st.init_model(tx._cfg(), seed=1)
     ids = np.repeat(tx.INPUT, 4, 0)
     costs = st.gamma_costs(target, draft, ids, gamma=3, max_decode_len=6)
-    assert 0 < costs.c < 1.5 and costs.v > 0.2 and costs.v1 > 0.2  # same-sized models
-    assert costs.c * 0.5 < costs.w < costs.c * 8  # 4 tokens through the draft at once
+    # timings: only what no noise can break (the arithmetic is test_measured_costs_price_...)
+    assert costs.c > 0 and costs.w > 0 and costs.v >= 0 and costs.v1 >= 0
+    assert all(np.isfinite(costs))
     assert st.gamma_costs(target, draft, ids, gamma=3, max_decode_len=6) is costs  # once
-    out = st.generate(target, np.repeat(tx.INPUT, 4, 0), draft=draft, gamma=3, max_decode_len=4,
-                      adaptive_gamma=True)
-    assert out.stats["adaptive_costs"]["v"] > 0
+    out = st.generate(target, ids, draft=draft, gamma=3, max_decode_len=4, adaptive_gamma=True)
+    # the decode ran on the figures measured for its own inputs and length (cached, so these)
+    assert out.stats["adaptive_costs"] == st.gamma_costs(
+        target, draft, ids, gamma=3, max_decode_len=4).resolved(3)._asdict()
     for bad in ("yes", (1.0,), (-1.0, 1.0), (1.0, 1.0, -1.0), (1.0, 1.0, "x"), 2,
                 (1.0, 1.0, None, -0.1), (1.0, 1.0, 1.0, 1.0, 1.0), (None, 1.0), (True, 1.0)):
         with pytest.raises(ValueError, match="adaptive_gamma must be"):
