@@ -30,6 +30,11 @@ os.environ["SPECULATIVE_T5_COMPILE_CACHE"] = os.environ["SPECULATIVE_T5_TEST_RUN
 # a program over 10^4-10^5 rows (the chi-square tests) are marked `runtime_bound` and
 # compiled with them (those run ~25% slower unoptimized). Both compile to the same results.
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+# XLA:CPU's fusion emitters cost compile time the tests never win back: without them a small
+# speculative decode compiled in 2.0 s instead of 2.8 s, and a 60,000-row chi-square decode
+# ran no slower (2026-12-06, 2 cores). Subprocesses keep these flags (helpers.xla_flags).
+os.environ["XLA_FLAGS"] = " ".join(
+    [os.environ.get("XLA_FLAGS", ""), "--xla_cpu_use_fusion_emitters=false"]).strip()
 
 from speculative_t5.commands import enable_compile_cache  # noqa: E402
 

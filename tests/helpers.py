@@ -146,12 +146,17 @@ def tiny_decode_pair(d):
     return hf, draft, spm_path
 
 
+def xla_flags(devices: int) -> str:
+    """XLA_FLAGS for a subprocess with `devices` host CPU devices, keeping the run's own
+    flags (conftest)."""
+    return f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
+
+
 def run_on_eight_devices(script, *args, timeout=300):
     """Python source `script` run in a subprocess with 8 host CPU devices (`python -c
     script ARGS`, the run's compile cache with it, conftest) -> the JSON object it printed
     last on a line starting "RESULT ", after checking it exited 0."""
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=xla_flags(8), JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, "-c", script, *map(str, args)], env=env,
                           capture_output=True, text=True, timeout=timeout)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
@@ -167,7 +172,7 @@ def run_processes(args, n=2, devices=4, timeout=600):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ,  # the run's compile cache (conftest)
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+               XLA_FLAGS=xla_flags(devices))
     procs = [subprocess.Popen(
         [sys.executable, "-m", "speculative_t5.commands", "--coordinator_address",
          f"127.0.0.1:{port}", "--num_processes", str(n), "--process_id", str(i), *args],

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from helpers import tiny_config, train_sentencepiece
+from helpers import tiny_config, train_sentencepiece, xla_flags
 
 import speculative_t5 as st
 
@@ -46,7 +46,7 @@ def _launch(process_id, port, *args, n=2):
         [sys.executable, "-m", "speculative_t5.commands", "--coordinator_address",
          f"127.0.0.1:{port}", "--num_processes", str(n), "--process_id", str(process_id), *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2"))
+        env=dict(os.environ, XLA_FLAGS=xla_flags(2)))
 
 
 def test_a_process_whose_peers_never_start_gives_up_in_one_line():
