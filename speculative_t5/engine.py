@@ -20,9 +20,11 @@ from speculative_t5.decoding.loops import plain_decode, speculative_decode
 from speculative_t5.decoding.output import GenerateOutput
 from speculative_t5.decoding.sampling import (SamplingConfig, check_verification, keys_per_row,
                                               row_keys)
+from speculative_t5.decoding.tree_loop import tree_decode
+from speculative_t5.decoding.trees import TreeShape
 from speculative_t5.model import gpt2
 from speculative_t5.model.api import (Model, cache_axes, decode, host_memory, init_cache,
-                                      prefill_cache)
+                                      keep_path, prefill_cache)
 from speculative_t5.partitioning import Partitioner
 
 
@@ -33,13 +35,15 @@ def step_fn(model: Model):
 
 @functools.partial(jax.jit, static_argnames=("gamma", "max_decode_len", "top_k", "top_p",
                                              "lenience", "verification", "draft_stop", "adaptive",
-                                             "recompute_cross_attention", "partitioner"))
+                                             "recompute_cross_attention", "partitioner", "tree",
+                                             "tree_children"))
 def _generate(target: Model, draft: Any, input_ids, rng, temperature, eos, lengths=None, *,
               gamma: int,
               max_decode_len: int, top_k: int, top_p: float, lenience: float,
               recompute_cross_attention: bool, partitioner: Optional[Partitioner] = None,
               verification: str = "token", draft_stop: Optional[float] = None,
-              adaptive: bool = False, costs=None):
+              adaptive: bool = False, costs=None, tree: Optional[TreeShape] = None,
+              tree_children: str = "drawn"):
     """One program per shape and static setting; the temperature is traced, so greedy and
     sampled decodes share it (`SamplingConfig.greedy`). rng: [B] keys. With a partitioner the
     caches are sharded by their logical axes (rows over 'data', heads over 'model'); the
@@ -47,7 +51,8 @@ def _generate(target: Model, draft: Any, input_ids, rng, temperature, eos, lengt
     draft from `decoding.drafts` (a pytree, its settings static; Models inside a Fallback).
     lengths [B]: a decoder-only target's prompt lengths (input_ids are its prompts); the
     loops start each row from its last prompt token. eos: the id that ends a row (traced:
-    -1, none, times a decode to max_decode_len in the same program)."""
+    -1, none, times a decode to max_decode_len in the same program). tree: a token tree's
+    shape (`tree_loop.tree_decode`, a Model draft); its caches hold the tree past the end."""
     sampling = SamplingConfig(temperature, top_k, top_p)
     B = input_ids.shape[0]
     if target.decoder_only:
@@ -64,7 +69,16 @@ def _generate(target: Model, draft: Any, input_ids, rng, temperature, eos, lengt
     if draft is None:
         return plain_decode(step_fn(target), setup(target, input_ids, max_decode_len), B, max_decode_len,
                             eos, sampling, rng, start)
-    length = cache_positions(max_decode_len, input_ids.shape[1] if target.decoder_only else 0)
+    prompt = input_ids.shape[1] if target.decoder_only else 0
+    if tree is not None:
+        length = cache_positions(max_decode_len + tree.num_nodes, prompt)
+        d = ModelDraft(step_fn(draft), functools.partial(setup, draft, role="draft"),
+                       keep=functools.partial(keep_path, draft))
+        return tree_decode(step_fn(target), functools.partial(keep_path, target),
+                           setup(target, input_ids, length), d, d.init(input_ids, length, mask),
+                           B, max_decode_len, eos, tree, sampling, rng,
+                           tree_children == "top_k", start)
+    length = cache_positions(max_decode_len, prompt)
 
     def build(d, catch_up: bool):  # Models as the loops' drafts: step functions and caches
         if isinstance(d, Model):
@@ -223,6 +237,33 @@ def map_models(draft, fn):
     return fn(draft) if isinstance(draft, Model) else draft
 
 
+TREE_CHILDREN = ("drawn", "top_k")
+
+
+def check_tree(tree, tree_children: str, draft, verification: str, lenience: float,
+               draft_stop, adaptive_gamma) -> Optional[TreeShape]:
+    """tree validated (None, or children per depth: `TreeShape.of`) with what it composes
+    with: a Model draft (the other drafts propose chains), token-wise exact verification (a
+    tree's rule is recursive rejection sampling), no draft_stop or adaptive gamma (a tree's
+    shape is static)."""
+    if tree_children not in TREE_CHILDREN:
+        raise ValueError(f"tree_children must be one of {TREE_CHILDREN}, got {tree_children!r}")
+    if tree is None:
+        return None
+    shape = TreeShape.of(tree)
+    if not isinstance(draft, Model):
+        raise ValueError(f"tree needs a draft model (st.Model) to expand it; {draft!r} "
+                         "proposes chains: use gamma without tree")
+    for bad, why in ((verification != "token", f"verification={verification!r} (trees use "
+                      "recursive rejection sampling; block verification is chain-only)"),
+                     (lenience != 1.0, f"lenience {lenience} (trees are exact only)"),
+                     (draft_stop is not None, "draft_stop (a tree's shape is static)"),
+                     (adaptive_gamma is not False, "adaptive_gamma (a tree's shape is static)")):
+        if bad:
+            raise ValueError(f"tree does not combine with {why}")
+    return shape
+
+
 def check_draft_stop(draft_stop, draft, has_model: Optional[bool] = None) -> Optional[float]:
     """draft_stop validated: None, or a probability in (0, 1) with a draft that holds a model
     (has_model: whether it does, when `draft` is only its description)."""
@@ -292,7 +333,8 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
              sampling: Optional[SamplingConfig] = None,
              partitioner: Optional[Partitioner] = None,
              verification: str = "token", draft_stop: Optional[float] = None,
-             adaptive_gamma=False, prompt_lengths=None, ignore_eos: bool = False) -> GenerateOutput:
+             adaptive_gamma=False, prompt_lengths=None, ignore_eos: bool = False,
+             tree=None, tree_children: str = "drawn") -> GenerateOutput:
     """Decode `input_ids` (int32 [B, S], 0 = pad) with `model`; with a `draft`, speculatively.
     A decoder-only model (GPT-2) continues prompts instead: input_ids are right-padded
     prompts, prompt_lengths [B] their lengths (default: all S; required when rows differ,
@@ -329,6 +371,11 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
     at this batch size and width, once per process (a few seconds).
     ignore_eos: every row runs to max_decode_len, EOS or not (timing a known amount of work,
     as `gamma_costs` does; vLLM's option of the name).
+    tree: children per depth, e.g. (3, 2, 1, 1): each round the draft model expands a token
+    tree of that shape (its depth replaces gamma) and the target checks every node in one
+    call, accepting a path by recursive rejection sampling (exact; greedy: the longest path
+    of argmaxes). tree_children: "drawn" (each node's children drawn from the draft without
+    replacement) or "top_k" (its top k, verified as fixed guesses).
     Exact: the choice depends only on earlier rounds."""
     if not isinstance(model, Model):
         raise TypeError(f"model must be a speculative_t5.Model, got {type(model).__name__}")
@@ -338,6 +385,10 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
     if draft is not None:
         draft = check_draft(model, draft)
     draft_stop = check_draft_stop(draft_stop, draft)
+    tree = check_tree(tree, tree_children, draft, verification, lenience, draft_stop,
+                      adaptive_gamma)
+    if tree is not None:
+        gamma = tree.depth
     if not isinstance(ignore_eos, bool):
         raise TypeError(f"ignore_eos must be a bool, got {ignore_eos!r}")
     if adaptive_gamma is not False and adaptive_gamma is not True:
@@ -385,13 +436,16 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
         verification=verification if speculative else "token", draft_stop=draft_stop,
         adaptive=costs is not None,
         costs=None if costs is None else jnp.asarray(costs, jnp.float32),
-        recompute_cross_attention=bool(recompute_cross_attention), partitioner=partitioner)
+        recompute_cross_attention=bool(recompute_cross_attention), partitioner=partitioner,
+        tree=tree, tree_children=tree_children)
     tokens, lengths, stats = _to_host((tokens, lengths, stats))
     tokens, lengths = tokens[:rows], lengths[:rows]
     stats = {k: v[:rows] for k, v in stats.items()}
     stats.update(gamma=gamma if speculative else 0, exact=lenience == 1.0,
                  lenience=float(lenience), verification=verification if speculative else None,
-                 draft_stop=draft_stop, adaptive_costs=None if costs is None else costs._asdict())
+                 draft_stop=draft_stop, adaptive_costs=None if costs is None else costs._asdict(),
+                 tree=None if tree is None else list(tree.branching),
+                 tree_nodes=0 if tree is None else tree.num_nodes - 1)
     return GenerateOutput(tokens, lengths, stats)
 
 

@@ -17,6 +17,7 @@ from speculative_t5.commands import enable_compile_cache  # noqa: E402
 from speculative_t5.model.api import cache_axes, init_cache, prefill_cache  # noqa: E402
 
 MESHES = {"1x8": 8, "2x4": 4, "8x1": 1, "4x2": 2}  # data x model -> num_partitions
+SLOW = ("spec block top-k top-p", "spec tree T=1")    # run on the slow tier's 2x4 mesh only
 
 
 def decodes(results, meshes=",".join(MESHES)):
@@ -33,13 +34,16 @@ def decodes(results, meshes=",".join(MESHES)):
             "spec T=1": dict(draft=draft, gamma=3, temperature=1.0),
             "plain T=1": dict(temperature=1.0),
             "spec block top-k top-p": dict(draft=draft, gamma=3, temperature=0.9, top_k=30,
-                                           top_p=0.95, verification="block")}
+                                           top_p=0.95, verification="block"),
+            "spec tree T=1": dict(draft=draft, tree=(2, 2, 1), temperature=1.0)}
     # greedy and sampled share a program (the temperature is traced); the other settings
     # compile programs of their own, so they run on one mesh only, 2x4 (the slow tier's):
-    # block verification with a replicated draft, a partitioned draft token-wise
+    # block verification and a token tree with a replicated draft, a partitioned draft
+    # token-wise
     extra = "2x4"
     if extra not in meshes.split(","):
         runs.pop("spec block top-k top-p")
+        runs.pop("spec tree T=1")
     refs = {name: st.generate(target, ids, max_decode_len=24, rng=jax.random.PRNGKey(3), **kw)
             for name, kw in runs.items()}
     logits = np.asarray(st.forward(target, ids, dec))
@@ -48,8 +52,8 @@ def decodes(results, meshes=",".join(MESHES)):
         for draft_mode in ("replicated", "partitioned"):
             p = st.Partitioner(num_partitions=parts, draft=draft_mode)
             for name, kw in runs.items():
-                if (draft_mode == "partitioned" or "top-k" in name) and mesh != extra \
-                        or draft_mode == "partitioned" and ("draft" not in kw or "top-k" in name):
+                if (draft_mode == "partitioned" or name in SLOW) and mesh != extra \
+                        or draft_mode == "partitioned" and ("draft" not in kw or name in SLOW):
                     continue
                 out = st.generate(target, ids, max_decode_len=24, rng=jax.random.PRNGKey(3),
                                   partitioner=p, **kw)

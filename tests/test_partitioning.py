@@ -44,9 +44,9 @@ def _check_decodes(r, meshes):
     assert r["devices"] == 8
     decodes = {k: v for k, v in r.items()
                if k.split()[0] in meshes and k.endswith(("greedy", "T=1", "top-p"))}
-    # 4 runs a mesh; 2x4 adds block-verified top-k/top-p, and the partitioned draft's
-    # greedy and T = 1
-    assert len(decodes) == 4 * len(meshes) + 3 * ("2x4" in meshes), sorted(decodes)
+    # 4 runs a mesh; 2x4 adds block-verified top-k/top-p, a token tree at T = 1, and the
+    # partitioned draft's greedy and T = 1
+    assert len(decodes) == 4 * len(meshes) + 4 * ("2x4" in meshes), sorted(decodes)
     assert all(decodes.values()), [k for k, v in decodes.items() if not v]
     for mesh in meshes:
         parts = {"1x8": 8, "2x4": 4, "8x1": 1, "4x2": 2}[mesh]

@@ -92,6 +92,7 @@ class ModelDraft(NamedTuple):
     cache: Optional[Callable[[Array, int], Any]] = None
     stop: Optional[float] = None
     catch_up: bool = False
+    keep: Optional[Callable] = None  # keep(cache, pos, path, depth): a token tree's path kept
 
     def init(self, input_ids: Array, length: int, mask: Optional[Array] = None) -> ModelState:
         return ModelState(self.cache(input_ids, length),
@@ -128,11 +129,9 @@ class ModelDraft(NamedTuple):
         state, valid = jax.lax.while_loop(lambda c: jnp.any(lagging(c[1])), chunk, (state, valid))
         return self._feed(state, seq, m, valid, width)
 
-    def propose(self, state: ModelState, seq: Array, m: Array, active: Array, gamma: int,
-                sampling: SamplingConfig, keys: Array, limit=None) -> Proposal:
-        """Catch the cache up to y_m, then gamma serial draft steps; step i samples x_i from
-        q_i = adjust(logits_i)."""
-        greedy, batch = sampling.greedy, seq.shape[0]
+    def reach(self, state: ModelState, seq: Array, m: Array, active: Array, gamma: int):
+        """Catch the cache up to y_m -> (the draft's logits after y_m [B, V], state, how
+        many positions each row was behind [B])."""
         N = min(seq.shape[1], state.fed.shape[1])  # the cache may end before the buffer
         j = jnp.arange(N)[None, :]
         same = (state.fed[:, :N] == seq[:, :N]) & (j <= m[:, None])            # [B, N]
@@ -147,6 +146,14 @@ class ModelDraft(NamedTuple):
                 lambda s: jax.lax.cond(jnp.all(behind <= 2), two, more, s), state)
         else:  # alone, a model draft is at most two positions behind
             logits, state = jax.lax.cond(jnp.any(behind > 1), two, one, state)
+        return logits, state, behind
+
+    def propose(self, state: ModelState, seq: Array, m: Array, active: Array, gamma: int,
+                sampling: SamplingConfig, keys: Array, limit=None) -> Proposal:
+        """Catch the cache up to y_m, then gamma serial draft steps; step i samples x_i from
+        q_i = adjust(logits_i)."""
+        greedy, batch = sampling.greedy, seq.shape[0]
+        logits, state, behind = self.reach(state, seq, m, active, gamma)
 
         def draw(i, logits):                         # x_i, q_i, and whether the row goes on
             q = adjust(logits, sampling)                                       # [B, V]

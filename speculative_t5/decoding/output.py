@@ -75,7 +75,8 @@ class GenerateOutput:
 
     def summary(self) -> Dict[str, Any]:
         """Batch totals (`combine` over the rows), whether the decode was exact, and the
-        acceptance rate at each draft position (accepted / reached)."""
+        acceptance rate at each draft position (accepted / reached; a token tree's: at each
+        depth, with its shape and the nodes a target call checks)."""
         s = self.stats
         out = dict(combine(self.rows()), exact=bool(s["exact"]), gamma=int(s["gamma"]))
         if s["gamma"]:
@@ -84,6 +85,8 @@ class GenerateOutput:
                 np.sum(s["accepted_at"], 0) / np.maximum(reached, 1)).tolist()
         else:
             out.pop("acceptance_rate")
+        if s.get("tree"):  # a token tree: gamma is its depth, positions are depths
+            out.update(tree=list(s["tree"]), nodes_per_target_call=int(s["tree_nodes"]))
         return out
 
 

@@ -178,17 +178,40 @@ def cache_axes(cache: Dict[str, Any]) -> Dict[str, Any]:
             "encoded": ("batch", "length", "embed"), "encoder_mask": ("batch", "length")}
 
 
-@jax.jit
-def decode(model: Model, cache: Dict[str, Any], tokens: Array, pos: Array):
+@functools.partial(jax.jit, static_argnames=("tree",))
+def decode(model: Model, cache: Dict[str, Any], tokens: Array, pos: Array, tree=None):
     """One decoder pass over tokens [B, K] at positions pos[B].. -> (float32 logits [B, K, V], cache).
 
     Keys/values are written by overwrite at pos..pos+K-1; writes at positions >= max_len are
     dropped (the caller sizes the cache so that never matters). Jitted; traceable inside jit.
     A GPT-2's cache comes from `prefill_cache`; its positions are relative to each prompt's
-    last token."""
+    last token. tree (static, `decoding.trees.TreeNodes`): the tokens are nodes of a token
+    tree rooted at pos -- node j in slot pos + j at position pos + its depth, seeing the
+    slots before pos and its ancestors."""
     if model.decoder_only:
-        return gpt2.step(model.config, model.params, cache, tokens, pos)
-    return model.module.apply({"params": model.params}, tokens, pos, cache, method=T5.decode_step)
+        return gpt2.step(model.config, model.params, cache, tokens, pos, tree)
+    return model.module.apply({"params": model.params}, tokens, pos, cache, tree,
+                              method=T5.decode_step)
+
+
+@jax.jit
+def keep_path(model: Model, cache: Dict[str, Any], pos: Array, path: Array, depth: Array):
+    """After a step over a token tree at pos [B] (`decode` with `tree`): the keys and values
+    of the accepted nodes path [B, D] (the first depth [B] of them) moved to slots pos + 1..,
+    so the cache reads as if the path had been fed one token after another (each node was
+    already computed at its depth's position). Slots past the path are left as they are:
+    the next step overwrites them."""
+    layers, base = ((cache["layers"], pos + cache["offset"]) if model.decoder_only
+                    else (cache["self"], pos))
+    B, D = path.shape
+    rows = jnp.arange(B)[:, None]                                              # [B, 1]
+    src = base[:, None] + path                                                 # [B, D]
+    L = layers[0]["k"].shape[1]
+    dst = jnp.where(jnp.arange(D)[None, :] < depth[:, None],
+                    base[:, None] + 1 + jnp.arange(D)[None, :], L)             # L: dropped
+    moved = [{n: x.at[rows, dst].set(x[rows, src], mode="drop") for n, x in layer.items()}
+             for layer in layers]
+    return dict(cache, layers=moved) if model.decoder_only else dict(cache, self=moved)
 
 
 def cast_params(model: Model, dtype: str) -> Model:

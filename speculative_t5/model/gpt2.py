@@ -231,19 +231,25 @@ class GPT2(nn.Module):
                               [lambda k, v: (k, v)] * self.config.n_layer)
         return logits
 
-    def decode_step(self, cache: List[Dict[str, Array]], tokens: Array, pos: Array):
+    def decode_step(self, cache: List[Dict[str, Array]], tokens: Array, pos: Array, tree=None):
         """tokens [B, K] at positions pos[b] + 0..K-1 -> (logits float32 [B, K, V], cache).
-        cache: per layer {'k', 'v'} [B, L, H, D]; writes past L are dropped."""
+        cache: per layer {'k', 'v'} [B, L, H, D]; writes past L are dropped. tree: the
+        tokens are nodes of a token tree (`decoding.trees.TreeNodes`: slots, positions from
+        their depths, attention to ancestors only)."""
         B, K = tokens.shape
         L = cache[0]["k"].shape[1]
-        q_pos = pos[:, None] + jnp.arange(K)[None, :]                          # [B, K]
-        bias = jnp.where(jnp.arange(L)[None, None, :] <= q_pos[:, :, None], 0.0, NEG_INF)
+        if tree is None:
+            q_pos = slots = pos[:, None] + jnp.arange(K)[None, :]              # [B, K]
+            visible = jnp.arange(L)[None, None, :] <= q_pos[:, :, None]        # [B, K, L]
+        else:
+            slots, q_pos, _, visible = tree.attention(pos, K, L)
+        bias = jnp.where(visible, 0.0, NEG_INF)
         rows = jnp.arange(B)[:, None]
 
         def writer(layer):
             def write(k, v):
-                return (layer["k"].at[rows, q_pos].set(k.astype(layer["k"].dtype), mode="drop"),
-                        layer["v"].at[rows, q_pos].set(v.astype(layer["v"].dtype), mode="drop"))
+                return (layer["k"].at[rows, slots].set(k.astype(layer["k"].dtype), mode="drop"),
+                        layer["v"].at[rows, slots].set(v.astype(layer["v"].dtype), mode="drop"))
             return write
         positions = jnp.minimum(q_pos, self.config.n_positions - 1)
         logits, kvs = self._run(tokens, positions, bias[:, None], [writer(layer) for layer in cache])
@@ -284,9 +290,10 @@ def init_cache(config: GPT2Config, batch: int, length: int) -> List[Dict[str, Ar
             for _ in range(config.n_layer)]
 
 
-def decode(config: GPT2Config, params, cache, tokens: Array, pos: Array):
+def decode(config: GPT2Config, params, cache, tokens: Array, pos: Array, tree=None):
     """The step protocol: logits [B, K, V], cache = decode(..., cache, tokens [B, K], pos [B])."""
-    return GPT2(config).apply({"params": params}, cache, tokens, pos, method=GPT2.decode_step)
+    return GPT2(config).apply({"params": params}, cache, tokens, pos, tree,
+                              method=GPT2.decode_step)
 
 
 HF_NAMES = {"ln_1": "ln_1", "ln_2": "ln_2", "attn_c_attn": "attn.c_attn",
@@ -345,9 +352,9 @@ def cache_axes(cache) -> Dict[str, Any]:
     return {"layers": [{"k": kv, "v": kv} for _ in cache["layers"]], "offset": ("batch",)}
 
 
-def step(config: GPT2Config, params, cache, tokens: Array, pos: Array):
+def step(config: GPT2Config, params, cache, tokens: Array, pos: Array, tree=None):
     """The loops' step on a `prefill` cache: loop position pos is offset + pos here."""
-    logits, layers = decode(config, params, cache["layers"], tokens, pos + cache["offset"])
+    logits, layers = decode(config, params, cache["layers"], tokens, pos + cache["offset"], tree)
     return logits, dict(cache, layers=layers)
 
 

@@ -97,7 +97,8 @@ def relative_position_bucket(rel: Array, bidirectional: bool, num_buckets: int,
 
 
 class RelativePositionBias(nn.Module):
-    """Bias [B, H, K, L] from query positions [B, K] and key positions [L]; shared by a stack."""
+    """Bias [B, H, K, L] from query positions [B, K] and key positions [L] or [B, L];
+    shared by a stack."""
     config: T5Config
     bidirectional: bool
 
@@ -108,7 +109,8 @@ class RelativePositionBias(nn.Module):
                        nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
                        (c.num_heads, c.relative_attention_num_buckets), ("heads", "relpos_buckets"),
                        c.jnp_param_dtype)
-        rel = k_pos[None, None, :] - q_pos[:, :, None]                        # [B, K, L]
+        k_pos = k_pos[None, :] if k_pos.ndim == 1 else k_pos                 # [B|1, L]
+        rel = k_pos[:, None, :] - q_pos[:, :, None]                           # [B, K, L]
         bucket = relative_position_bucket(rel, self.bidirectional,
                                           c.relative_attention_num_buckets,
                                           c.relative_attention_max_distance)
@@ -224,12 +226,12 @@ class DecoderLayer(nn.Module):
                  cross_bias: Array, cache: Optional[Dict[str, Array]] = None,
                  pos: Optional[Array] = None, enable_dropout: bool = False):
         """x [B, K, E]. With a cache ({'k','v'}: [B, L, H, D]) the new keys/values are written
-        at pos[b] + 0..K-1 (out-of-range writes are dropped) and attention reads the cache."""
+        at slots pos [B, K] (out-of-range writes are dropped) and attention reads the cache."""
         h = self.pre_self_attention_layer_norm(x)
         k, v = self.self_attention.kv(h)                                     # [B, K, H, D]
         if cache is not None:
             rows = jnp.arange(x.shape[0])[:, None]                           # [B, 1]
-            cols = pos[:, None] + jnp.arange(x.shape[1])[None, :]            # [B, K]
+            cols = pos                                                       # [B, K]
             k = cache["k"].at[rows, cols].set(k.astype(cache["k"].dtype), mode="drop")
             v = cache["v"].at[rows, cols].set(v.astype(cache["v"].dtype), mode="drop")
             cache = {"k": k, "v": v}
@@ -259,20 +261,22 @@ class Decoder(nn.Module):
 
     def __call__(self, y: Array, q_pos: Array, k_pos: Array, cross: Sequence[Tuple[Array, Array]],
                  encoder_mask: Array, embedding: Array,
-                 caches: Optional[List[Dict[str, Array]]] = None, pos: Optional[Array] = None,
-                 enable_dropout: bool = False):
-        """y [B, K, E] embedded decoder inputs at positions q_pos [B, K]; keys at k_pos [L].
-        Returns float32 logits [B, K, V] and the updated per-layer caches."""
+                 caches: Optional[List[Dict[str, Array]]] = None, slots: Optional[Array] = None,
+                 enable_dropout: bool = False, visible: Optional[Array] = None):
+        """y [B, K, E] embedded decoder inputs at positions q_pos [B, K], written to cache
+        slots [B, K]; keys at k_pos [L] (or [B, L]). visible [B, K, L]: what each query sees
+        (default causal by position). Returns float32 logits [B, K, V] and the caches."""
         c = self.config
         self_bias = self.relpos_bias(q_pos, k_pos)                           # [B, H, K, L]
-        causal = k_pos[None, None, :] <= q_pos[:, :, None]                   # [B, K, L]
-        self_bias = self_bias + jnp.where(causal[:, None], 0.0, NEG_INF)
+        if visible is None:
+            visible = k_pos[None, None, :] <= q_pos[:, :, None]              # [B, K, L]
+        self_bias = self_bias + jnp.where(visible[:, None], 0.0, NEG_INF)
         cross_bias = jnp.where(encoder_mask[:, None, None, :], 0.0, NEG_INF)  # [B, 1, 1, S]
         new_caches = []
         x = self.dropout(y, deterministic=not enable_dropout)
         for i, layer in enumerate(self.layers):
             x, cache = layer(x, self_bias, cross[i][0], cross[i][1], cross_bias,
-                             None if caches is None else caches[i], pos, enable_dropout)
+                             None if caches is None else caches[i], slots, enable_dropout)
             new_caches.append(cache)
         x = self.dropout(self.decoder_norm(x), deterministic=not enable_dropout)
         if c.logits_via_embedding:  # T5 1.0: tied output layer, scaled by emb_dim**-0.5
@@ -304,20 +308,26 @@ class T5(nn.Module):
     def cross_kv(self, encoded: Array) -> List[Tuple[Array, Array]]:
         return self.decoder.cross_kv(encoded)
 
-    def decode_step(self, tokens: Array, pos: Array, cache: Cache) -> Tuple[Array, Cache]:
+    def decode_step(self, tokens: Array, pos: Array, cache: Cache, tree=None) -> Tuple[Array, Cache]:
         """tokens [B, K] at positions pos[B]..pos[B]+K-1 -> logits [B, K, V], cache.
 
         `cache['cross']` holds per-layer cross keys/values; if it is None they are
-        recomputed from `cache['encoded']` (the T5X-faithful baseline does that)."""
+        recomputed from `cache['encoded']` (the T5X-faithful baseline does that).
+        tree: the tokens are nodes of a token tree (`decoding.trees.TreeNodes`: slots, the
+        positions their depths give, attention to ancestors only)."""
         K = tokens.shape[1]
         L = cache["self"][0]["k"].shape[1]
-        q_pos = pos[:, None] + jnp.arange(K)[None, :]                        # [B, K]
+        if tree is None:
+            q_pos = pos[:, None] + jnp.arange(K)[None, :]                    # [B, K]
+            slots, k_pos, visible = q_pos, jnp.arange(L), None
+        else:
+            slots, q_pos, k_pos, visible = tree.attention(pos, K, L)         # [B, K], [B, L], [B, K, L]
         cross = cache["cross"]
         if cross is None:
             cross = self.cross_kv(cache["encoded"])
         logits, caches = self.decoder(
-            self.token_embedder(tokens), q_pos, jnp.arange(L), cross, cache["encoder_mask"],
-            self.token_embedder.embedding, caches=cache["self"], pos=pos)
+            self.token_embedder(tokens), q_pos, k_pos, cross, cache["encoder_mask"],
+            self.token_embedder.embedding, caches=cache["self"], slots=slots, visible=visible)
         return logits, dict(cache, self=caches)
 
     def __call__(self, input_ids: Array, decoder_input_ids: Array,
