@@ -241,19 +241,19 @@ TREE_CHILDREN = ("drawn", "top_k")
 
 
 def check_tree(tree, tree_children: str, draft, verification: str, lenience: float,
-               draft_stop, adaptive_gamma) -> Optional[TreeShape]:
+               draft_stop, adaptive_gamma, model_draft: Optional[bool] = None) -> Optional[TreeShape]:
     """tree validated (None, or children per depth: `TreeShape.of`) with what it composes
-    with: a Model draft (the other drafts propose chains), token-wise exact verification (a
-    tree's rule is recursive rejection sampling), no draft_stop or adaptive gamma (a tree's
-    shape is static)."""
+    with: a Model draft (the other drafts propose chains; model_draft: whether `draft`, a
+    description, names one), token-wise exact verification (a tree's rule is recursive
+    rejection sampling), no draft_stop or adaptive gamma (a tree's shape is static)."""
     if tree_children not in TREE_CHILDREN:
         raise ValueError(f"tree_children must be one of {TREE_CHILDREN}, got {tree_children!r}")
     if tree is None:
         return None
     shape = TreeShape.of(tree)
-    if not isinstance(draft, Model):
-        raise ValueError(f"tree needs a draft model (st.Model) to expand it; {draft!r} "
-                         "proposes chains: use gamma without tree")
+    if not (isinstance(draft, Model) if model_draft is None else model_draft):
+        raise ValueError(f"tree needs a draft model to expand it, got draft={draft!r} (prompt "
+                         "lookup, bigram and fallback drafts propose chains: use gamma without tree)")
     for bad, why in ((verification != "token", f"verification={verification!r} (trees use "
                       "recursive rejection sampling; block verification is chain-only)"),
                      (lenience != 1.0, f"lenience {lenience} (trees are exact only)"),

@@ -152,3 +152,30 @@ def test_fit_bigram_then_decode_with_it(setup, tmp_path, capsys):
     with pytest.raises(SystemExit, match="needs a reference after its tab"):
         cli.main(["fit_bigram", "--input_file", setup["inputs"],
                   "--target", setup["hf"], "--output", str(tmp_path / "c.npz")])
+
+
+def test_decode_tree(setup, tmp_path):
+    """--tree: greedy records equal plain ones, the run names its tree (a resumed run with
+    another tree is refused), and what a tree cannot combine with is refused in one line."""
+    plain, tree = str(tmp_path / "plain.jsonl"), str(tmp_path / "tree.jsonl")
+    base = ["decode", "--target", setup["hf"], "--input_file", setup["inputs"],
+            "--max_decode_len", "12", "--batch_size", "4"]
+    assert cli.main(base + ["--output", plain]) == 0
+    assert cli.main(base + ["--output", tree, "--draft", setup["draft"], "--tree", "2,2,1"]) == 0
+    a, b = _read(plain), _read(tree)
+    assert [r["tokens"] for r in a] == [r["tokens"] for r in b]
+    with open(tree) as f:
+        assert json.loads(f.readline())["speculative_t5"]["header"]["tree"] == [2, 2, 1]
+    with pytest.raises(SystemExit, match="tree"):
+        cli.main(base + ["--output", tree, "--draft", setup["draft"], "--tree", "3,1"])
+    for extra, message in ((["--tree", "2,x"], "--tree must be children per depth"),
+                           (["--tree", "2,0"], "tree must be"),
+                           (["--tree", "2,1", "--tree_children", "best"], "tree_children must be"),
+                           (["--tree", "2,1", "--verification", "block"], "chain-only"),
+                           (["--tree", "2,1", "--beam_size", "2"], "beam_size"),
+                           (["--tree", "2,1", "--draft", "prompt_lookup"], "tree needs a draft model")):
+        out = str(tmp_path / "bad.jsonl")
+        draft = [] if "--draft" in extra else ["--draft", setup["draft"]]
+        with pytest.raises(SystemExit, match=message):
+            cli.main(base + ["--output", out, *draft, *extra])
+        assert not os.path.exists(out)

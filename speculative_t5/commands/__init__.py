@@ -4,8 +4,8 @@
   speculative-t5 convert --from PATH --to PATH [--format native|hf] [--dtype bfloat16]
   speculative-t5 decode --target PATH [--draft PATH] (--input_file F --output F.jsonl | --prompt TEXT)
       [--vocab spiece.model] [--gamma 4] [--temperature 0] [--top_k 0] [--top_p 1]
-      [--verification token|block] [--beam_size 4 [--alpha 0.6] [--beam_outputs K]
-      [--beam_paths P]] ...
+      [--verification token|block] [--tree 3,2,1 [--tree_children drawn|top_k]]
+      [--beam_size 4 [--alpha 0.6] [--beam_outputs K] [--beam_paths P]] ...
   speculative-t5 fit_bigram --input_file refs.tsv --target PATH --output bigram.npz  (then --draft bigram:bigram.npz)
   speculative-t5 train --gin_file=configs/demo_target.gin [--gin.train.steps=100]
   speculative-t5 distill --gin_file=configs/demo_draft.gin
@@ -111,6 +111,11 @@ COMMANDS: Dict[str, Command] = {
                                    "acceptance rate and c, v measured here")),
          ("--verification", dict(help="token (Algorithm 1, the default) or block (Sun et al. "
                                  "2025: the draft block verified jointly)")),
+         ("--tree", dict(help="a token tree a round, children per depth (e.g. 3,2,1): the "
+                         "draft model expands it, the target checks every node in one call "
+                         "(exact; its depth replaces gamma)")),
+         ("--tree_children", dict(help="drawn (from the draft without replacement, the "
+                                  "default) or top_k (the draft's top k, fixed guesses)")),
          ("--beam_size", dict(type=int, help="T5X's beam search with this many beams "
                               "(st.beam_search; with a --draft checkpoint the exact speculative "
                               "beam search: the same beams); a record's output is its best beam")),

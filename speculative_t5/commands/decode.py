@@ -33,7 +33,7 @@ from speculative_t5.decoding.sampling import check_verification
 from speculative_t5.locks import hold
 from speculative_t5.paper.rundir import JsonlLog, fingerprint
 from speculative_t5.engine import (check_draft, check_draft_stop, check_int, check_lenience,
-                                     generate, sampling_config)
+                                     check_tree, generate, sampling_config)
 from speculative_t5.partitioning import Partitioner
 
 LENGTH_BUCKET = 16  # inputs are padded to a multiple of this, so few shapes are compiled
@@ -156,6 +156,26 @@ def check_beam(beam_size, alpha, beam_outputs, beam_paths, draft: Optional[str],
     return beam_size, alpha, beam_outputs, beam_paths
 
 
+def check_cli_tree(tree, tree_children: str, draft: Optional[str], beam_size, verification: str,
+                   lenience: float, draft_stop, adaptive_gamma):
+    """--tree ("3,2,1", or children per depth from gin) checked with what it composes with
+    (`engine.check_tree`; the draft must be a model checkpoint) -> a TreeShape or None."""
+    if isinstance(tree, str):
+        try:
+            tree = tuple(int(k) for k in tree.split(","))
+        except ValueError:
+            raise ValueError(f"--tree must be children per depth like 3,2,1, got {tree!r}") from None
+    if tree is None:
+        return check_tree(None, tree_children, None, verification, lenience, draft_stop,
+                          adaptive_gamma)
+    if beam_size:
+        raise ValueError("--tree does not combine with --beam_size (beam search drafts its "
+                         "own beams)")
+    parts = draft_parts(draft) if draft else []
+    return check_tree(tree, tree_children, draft, verification, lenience, draft_stop,
+                      adaptive_gamma, len(parts) == 1 and isinstance(parts[0], str))
+
+
 def beam_record(res, row: int, vocabulary, beam_outputs: int) -> Dict[str, Any]:
     """Row `row` of a `BeamSearchOutput` as a record's fields: the best beam's output,
     tokens, length and score, the beam_outputs best beams (output, tokens, score), and the
@@ -196,7 +216,7 @@ def decode(target: str = gin.REQUIRED, input_file: Optional[str] = None,
            adaptive_gamma: bool = False, prompt: Optional[str] = None,
            max_new_tokens: Optional[int] = None, beam_size: Optional[int] = None,
            alpha: float = 0.6, beam_outputs: int = 1, beam_paths: Optional[int] = None,
-           quiet: bool = False) -> dict:
+           tree: Any = None, tree_children: str = "drawn", quiet: bool = False) -> dict:
     """Decode every line of `input_file`; one JSONL record per example in `output`.
 
     prompt: one text instead of an input file (output optional): its continuation is
@@ -214,7 +234,9 @@ def decode(target: str = gin.REQUIRED, input_file: Optional[str] = None,
     model), or 'FIRST,THEN' (a fallback: 'prompt_lookup,PATH'); see `checkpoints.load_draft`.
     verification: "token" (default) or "block"; draft_stop: a probability, as in
     `st.generate`; both part of the run. adaptive_gamma: gamma becomes each round's
-    maximum, c and v measured at the first batch (see `st.generate`).
+    maximum, c and v measured at the first batch (see `st.generate`). tree: children per
+    depth ("3,2,1" or a tuple): a token tree a round (`st.generate`'s tree; a draft model
+    checkpoint; tree_children "drawn" or "top_k"), part of the run.
 
     beam_size: T5X's beam search with this many beams (`st.beam_search`, length penalty
     ((5 + length) / 6) ** alpha); with a draft checkpoint the exact speculative beam search
@@ -255,6 +277,8 @@ def decode(target: str = gin.REQUIRED, input_file: Optional[str] = None,
         beam_size, alpha, beam_outputs, beam_paths, draft, sampling, lenience, verification,
         draft_stop, adaptive_gamma)
     draft_stop = check_draft_stop(draft_stop, draft, bool(_draft_dirs(draft)))
+    tree = check_cli_tree(tree, tree_children, draft, beam_size, verification, lenience,
+                          draft_stop, adaptive_gamma)
     if not isinstance(adaptive_gamma, bool):
         raise ValueError(f"adaptive_gamma must be true or false, got {adaptive_gamma!r}")
     if adaptive_gamma and not draft:
@@ -278,7 +302,8 @@ def decode(target: str = gin.REQUIRED, input_file: Optional[str] = None,
            "verification": verification if draft and not beam_size else None,
            "draft_stop": draft_stop, "adaptive_gamma": adaptive_gamma or None,  # None: as before
            "beam_size": beam_size, "alpha": alpha, "beam_outputs": beam_outputs if beam_size
-           else None, "beam_paths": beam_paths}
+           else None, "beam_paths": beam_paths,
+           **({"tree": list(tree.branching), "tree_children": tree_children} if tree else {})}
     with _open_log(output, run, len(examples)) as (log, done):
         todo = [i for i in range(len(examples)) if i not in done]
         if log is not None:
@@ -323,7 +348,9 @@ def decode(target: str = gin.REQUIRED, input_file: Optional[str] = None,
                                max_decode_len=max_decode_len, sampling=sampling,
                                lenience=lenience, verification=verification,
                                draft_stop=draft_stop, rng=keys, adaptive_gamma=adaptive_gamma,
-                               partitioner=partitioner, prompt_lengths=lengths)
+                               partitioner=partitioner, prompt_lengths=lengths,
+                               **({"tree": tree.branching, "tree_children": tree_children}
+                                  if tree else {}))
             seconds = time.perf_counter() - t0
             if prompt is not None and beam_size and not quiet:
                 print(vocabulary.decode(res.tokens[0, 0, :int(res.lengths[0, 0])].tolist()))
