@@ -33,17 +33,17 @@ def _pair(family):
     return target, target.replace(n_layer=1)
 
 
-def _report(family, whole):
+def _report(family, whole, tree=None):
     target, draft = _pair(family)
     return tpu_compile.compile_report(target, draft, "v4-8", num_partitions=2, batch=2,
                                       input_length=8, max_decode_len=12, gamma=3, alpha=0.8,
-                                      whole=whole)
+                                      whole=whole, tree=tree)
 
 
 def _check_parts(r):
     assert r["num_devices"] == 4 and r["mesh"] == {"data": 2, "model": 2}
     parts, ideal = r["parts"], r["ideal_step_bytes"]
-    assert set(parts) == {"setup", "target_step", "verify", "draft_step"}
+    assert set(parts) >= {"setup", "target_step", "verify", "draft_step"}
     for name in ("target_step", "verify"):  # a step reads at least its weights and caches
         assert parts[name]["hbm_bytes"] >= ideal["target_step"]
     assert parts["draft_step"]["hbm_bytes"] >= ideal["draft_step"]
@@ -56,10 +56,19 @@ def _check_parts(r):
 
 
 def test_tiny_t5_parts_compile_for_v4_8(v4_8):
-    """The set-up, the target step, the verify pass and the draft step, compiled alone."""
-    r = _report("t5", whole=False)
+    """The set-up, the target step, the verify pass, the draft step and a pass over a token
+    tree's nodes, compiled alone."""
+    r = _report("t5", whole=False, tree=(3, 2, 1))
     _check_parts(r)
     assert r["programs"] == {} and r["memory_per_device_bytes"] is None
+    tree = r["parts"]["tree_verify"]
+    assert r["tree"] == [3, 2, 1] and r["tree_nodes"] == 15
+    # 16 positions in one pass: more flops than the 4-position verify, at least its weights
+    assert tree["flops"] > r["parts"]["verify"]["flops"]
+    assert tree["hbm_bytes"] >= r["ideal_step_bytes"]["target_step"]
+    assert r["tree_verify_over_step"] == pytest.approx(
+        tree["roofline_ms"] / r["parts"]["target_step"]["roofline_ms"])
+    assert "a token tree (3, 2, 1) (15 nodes)" in tpu_compile.format_report(r)
 
 
 @pytest.mark.slow
@@ -93,6 +102,11 @@ def test_cli_errors_are_one_line(v4_8):
     with pytest.raises(SystemExit, match="num_partitions 3 does not divide"):
         cli.main(["compile", "--target", "t5_1_1_small", "--topology", "v4-8",
                   "--num_partitions", "3"])
+    with pytest.raises(SystemExit, match="--tree needs --draft"):
+        cli.main(["compile", "--target", "t5_1_1_small", "--tree", "2,1"])
+    with pytest.raises(SystemExit, match="--tree must be children per depth"):
+        cli.main(["compile", "--target", "t5_1_1_small", "--draft", "t5_1_1_small",
+                  "--tree", "2,a"])
     with pytest.raises(SystemExit, match=r"does not fit a TPU v4 .*target parameters"):
         cli.main(["compile", "--target", "t5_1_1_xxl", "--topology", "v4-2",
                   "--dtype", "float32"])

@@ -195,6 +195,8 @@ COMMANDS: Dict[str, Command] = {
          ("--parts_only", dict(action="store_true", default=None, help="compile the parts "
                                "alone, not the whole decodes (faster)")),
          ("--hlo_dir", dict(help="also write each program's optimised HLO there")),
+         ("--tree", dict(help="also a target pass over a token tree of this shape (e.g. "
+                         "3,2,1): its cost in target steps")),
          ("--json", dict(dest="as_json", action="store_true", default=None,
                          help="print every number as one JSON object"))),
         "--target (or the gin binding compile.target)"),

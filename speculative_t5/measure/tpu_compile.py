@@ -30,6 +30,7 @@ import gin
 import jax
 import jax.numpy as jnp
 
+from speculative_t5.decoding.trees import TreeNodes, TreeShape
 from speculative_t5.engine import _generate, cache_positions
 from speculative_t5.measure.analysis import expected_tokens_per_call, walltime_improvement
 from speculative_t5.measure.costs import Costs
@@ -126,8 +127,9 @@ def _setup_fn(model: Model, ids, lengths, length: int):
 
 def compile_parts(target: Model, draft: Optional[Model], partitioner: Partitioner, batch: int,
                   input_length: int, max_decode_len: int, gamma: int,
-                  whole: bool = True) -> Dict[str, Any]:
-    """{name: jax.stages.Compiled}: 'setup', 'target_step', 'verify', 'draft_step' and (whole)
+                  whole: bool = True, tree: Optional[TreeShape] = None) -> Dict[str, Any]:
+    """{name: jax.stages.Compiled}: 'setup', 'target_step', 'verify', 'draft_step', with a
+    tree 'tree_verify' (the target over the tree's nodes, tree attention), and (whole)
     'plain_decode', 'speculative_decode'. Batch is already a multiple of the 'data' axis."""
     p, B, S = partitioner, batch, input_length
     decoder_only = target.decoder_only
@@ -146,20 +148,23 @@ def compile_parts(target: Model, draft: Optional[Model], partitioner: Partitione
                 None if d is None else constrained_setup(d, ids, lengths, "draft"))
     out["setup"] = _compile("setup", jax.jit(setup).lower(target, draft, ids, lengths))
 
-    def step_program(model: Model, role: str, K: int):
+    def step_program(model: Model, role: str, K: int, nodes: Optional[TreeNodes] = None):
         shape = jax.eval_shape(functools.partial(_setup_fn, length=length), model, ids, lengths)
         cache = p.abstract(shape, cache_axes(shape), role)
         tokens = _rows(p, (B, K), jnp.int32, ("batch", "length"))
         pos = _rows(p, (B,), jnp.int32, ("batch",))
 
         def step(m, c, t, q):
-            logits, c = decode(m, c, t, q)
+            logits, c = decode(m, c, t, q, tree=nodes)
             return logits, p.constrain(c, cache_axes(c), role)
         return jax.jit(step, donate_argnums=(1,)).lower(model, cache, tokens, pos)
     out["target_step"] = _compile("target_step", step_program(target, "target", 1))
     if draft is not None:
         out["verify"] = _compile("verify", step_program(target, "target", gamma + 1))
         out["draft_step"] = _compile("draft_step", step_program(draft, "draft", 1))
+    if draft is not None and tree is not None:
+        out["tree_verify"] = _compile("tree_verify", step_program(
+            target, "target", tree.num_nodes, TreeNodes.of(tree)))
     if whole:
         keys = _rows(p, (B, 2), jnp.uint32, ("batch",))
         static = dict(max_decode_len=max_decode_len, top_k=0, top_p=1.0, lenience=1.0,
@@ -216,7 +221,7 @@ def predicted_speedup(parts: Dict[str, Dict[str, float]], alpha: float, gamma: i
             "speedup_predicted_cost_model": plain / spec}
 
 
-PARTS = ("setup", "target_step", "verify", "draft_step")
+PARTS = ("setup", "target_step", "verify", "draft_step", "tree_verify")
 PART_NAMES = {"target_params": "target parameters", "draft_params": "draft parameters",
               "target_cache": "target cache", "draft_cache": "draft cache",
               "activations": "activations"}
@@ -238,10 +243,14 @@ def check_fits(planned: Dict[str, Any], chip: str) -> None:
 def compile_report(target_config, draft_config, topology: str = "v4-8", num_partitions: int = 1,
                    batch: int = 1, input_length: int = 512, max_decode_len: int = 128,
                    gamma: int = 4, alpha: float = 0.7, draft_partitioning: str = "replicated",
-                   whole: bool = True, hlo_dir: Optional[str] = None) -> Dict[str, Any]:
+                   whole: bool = True, hlo_dir: Optional[str] = None,
+                   tree=None) -> Dict[str, Any]:
     """Compile a decode's programs for `topology` and report what the compiler says, beside
     `plan`'s arithmetic for the same settings. hlo_dir: also write each program's optimised
-    HLO there (NAME.hlo.txt), to read what the figures come from."""
+    HLO there (NAME.hlo.txt), to read what the figures come from. tree: children per depth:
+    also the target's pass over a token tree's nodes (part 'tree_verify'), and its cost in
+    target steps (`tree_verify_over_step`: what checking that many nodes costs there)."""
+    tree = None if tree is None else TreeShape.of(tree)
     devices = tpu_devices(topology)
     t = TOPOLOGIES[topology]
     planned = plan(target_config, draft_config, num_partitions, len(devices), batch,
@@ -255,7 +264,7 @@ def compile_report(target_config, draft_config, topology: str = "v4-8", num_part
     jax.config.update("jax_enable_compilation_cache", False)  # no client to load TPU programs
     try:
         compiled = compile_parts(target, draft, p, batch, input_length, max_decode_len, gamma,
-                                 whole)
+                                 whole, tree)
     finally:
         jax.config.update("jax_enable_compilation_cache", cache)
     seconds = time.monotonic() - start
@@ -282,6 +291,10 @@ def compile_report(target_config, draft_config, topology: str = "v4-8", num_part
                                    "draft_step": None if draft is None
                                    else planned["draft"]["step_bytes"]},
               "parts": parts}
+    if tree is not None and draft is not None:
+        report.update(tree=list(tree.branching), tree_nodes=tree.num_nodes - 1,
+                      tree_verify_over_step=parts["tree_verify"]["roofline_ms"]
+                      / parts["target_step"]["roofline_ms"])
     if draft is not None:
         report.update(predicted_speedup(parts, alpha, gamma, max_decode_len))
         if whole:
@@ -333,6 +346,9 @@ def format_report(r: Dict[str, Any]) -> str:
                   f"{r['speedup_predicted_paper']:.2f}x), cost model with set-up "
                   f"{r['speedup_predicted_cost_model']:.2f}x -- the compiler's figures, not "
                   "walltime"]
+    if "tree" in r:
+        lines.append(f"a token tree {tuple(r['tree'])} ({r['tree_nodes']} nodes): one target "
+                     f"pass over it costs {r['tree_verify_over_step']:.3f} target steps")
     if "in_loop" in r:
         x = r["in_loop"]
         lines.append(f"in the decode loops: c = {x['c']:.4f}, v = {x['v']:.3f}: eq. (5) "
@@ -347,15 +363,22 @@ def compile_command(target: str = gin.REQUIRED, draft: Optional[str] = None,
                     dtype: Optional[str] = None, activation_dtype: Optional[str] = None,
                     draft_partitioning: str = "replicated", alpha: float = 0.7,
                     parts_only: bool = False, hlo_dir: Optional[str] = None,
-                    as_json: bool = False) -> Dict[str, Any]:
+                    as_json: bool = False, tree: Any = None) -> Dict[str, Any]:
     """`speculative-t5 compile`: print the report (a table, or JSON with --json)."""
     activation_dtype = activation_dtype or dtype  # on a TPU activations follow the weights
     overrides = {k: v for k, v in (("param_dtype", dtype), ("dtype", activation_dtype)) if v}
     target_config = read_config(target).replace(**overrides)
     draft_config = None if draft is None else read_config(draft).replace(**overrides)
+    if isinstance(tree, str):
+        try:
+            tree = tuple(int(k) for k in tree.split(","))
+        except ValueError:
+            raise ValueError(f"--tree must be children per depth like 3,2,1, got {tree!r}") from None
+    if tree is not None and draft is None:
+        raise ValueError("--tree needs --draft (a tree is verified against a draft's guesses)")
     report = compile_report(target_config, draft_config, topology, num_partitions, batch,
                             input_length, max_decode_len, gamma, alpha, draft_partitioning,
-                            whole=not parts_only, hlo_dir=hlo_dir)
+                            whole=not parts_only, hlo_dir=hlo_dir, tree=tree)
     if as_json:
         print(json.dumps({"target_name": target, "draft_name": draft, **report}, indent=2))
     else:
