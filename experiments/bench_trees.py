@@ -5,11 +5,11 @@
                                       [--examples 32] [--repeats 3]
 
 The held-out demo inputs (sorted by length, batched alike), max_decode_len 64, greedy and
-T = 1: the gamma-4 chain (token-wise), then each tree with drawn children and, greedy, its
-draft's top-k children (the greedy rule is the same; T = 1 drawn children are the exact
-ones that pay). Seconds are the median of `repeats` runs after a compiling one, each
-decode in turn (`bench_common.timed_runs`). A tree's nodes (without the root) are the
-tokens the target checks a call; a chain of gamma checks gamma.
+T = 1: the gamma-4 chain (token-wise), then each tree with children drawn from the draft
+and with its top-k children (verified as fixed guesses: exact too). Seconds are the median
+of `repeats` runs after a compiling one, each decode in turn (`bench_common.timed_runs`).
+A tree's nodes (without the root) are the tokens the target checks a call; a chain of
+gamma checks gamma.
 """
 import argparse
 
@@ -59,8 +59,7 @@ def main():
                     "chain, gamma 4": decode_all(target, batches, temperature, draft=draft, gamma=4)}
             nodes = {"chain, gamma 4": 4}
             for tree in trees:
-                children = ("drawn", "top_k") if temperature == 0 else ("drawn",)
-                for kind in children:
+                for kind in ("drawn", "top_k"):
                     name = f"tree {','.join(map(str, tree))}" + (", top-k" if kind == "top_k" else "")
                     runs[name] = decode_all(target, batches, temperature, draft=draft, tree=tree,
                                             tree_children=kind)

@@ -109,18 +109,23 @@ def _exact(model, sampling):
 
 @pytest.mark.runtime_bound
 @pytest.mark.parametrize("kind", ["model", "fallback", "model, top-k 3",
-                                  "block, prompt + max_decode_len = n_positions"])
+                                  "block, prompt + max_decode_len = n_positions",
+                                  pytest.param("tree, prompt + max_decode_len = n_positions",
+                                               marks=pytest.mark.slow)])
 def test_speculative_sampling_is_exact(kind):
-    """T = 1 against enumeration. The last kind ends at the model's position limit, so the
-    rounds near the end feed tokens at positions past it (their outputs unused)."""
+    """T = 1 against enumeration. The last kinds end at the model's position limit, so the
+    rounds near the end feed tokens at positions past it (their outputs unused); a token
+    tree's deeper nodes sit past it too."""
     config = SMALL.replace(n_positions=PROMPT.shape[1] + STEPS) if "n_positions" in kind else SMALL
     target, draft = st.init_model(config, seed=0), st.init_model(config, seed=1)
     d = st.drafts.Fallback(st.drafts.PromptLookup(1, 1), draft) if kind == "fallback" else draft
     sampling = st.SamplingConfig(1.0, top_k=3 if "top-k" in kind else 0)
     out = st.generate(target, np.repeat(PROMPT, N, 0), draft=d, gamma=2, max_decode_len=STEPS,
                       sampling=sampling, rng=jax.random.PRNGKey(0),
-                      verification="block" if "block" in kind else "token")
-    assert 0.1 < out.summary()["acceptance_rate"] < 0.95
+                      verification="block" if "block" in kind else "token",
+                      tree=(2, 2) if "tree" in kind else None)
+    # both branches exercised (a tree's two children are accepted more often than a chain's one)
+    assert 0.1 < out.summary()["acceptance_rate"] < (0.99 if "tree" in kind else 0.95)
     pvalue, cells = tx.chi_square_pvalue(out.tokens, _exact(target, sampling))
     assert cells >= 20 and pvalue > 1e-3, (kind, pvalue, cells)
 
