@@ -290,6 +290,11 @@ def test_greedy_tree_equals_plain(greedy_case, children):
     assert (out.lengths < td.MAX_LEN).sum() >= 2 and (out.lengths > 4).sum() >= 4
     summary = out.summary()
     assert summary["tree"] == [3, 2, 1] and summary["nodes_per_target_call"] == 3 + 6 + 6
+    # every accepted depth was one rank's acceptance; a rank is judged after earlier ones fail
+    s = out.stats
+    np.testing.assert_array_equal(s["rank_accepted"].sum(1), s["accepted_at"].sum(1))
+    assert (s["rank_tried"][:, 1:] <= s["rank_tried"][:, :1]).all()
+    assert len(summary["acceptance_rate_by_rank"]) == 3
     chain = st.generate(target, inputs, draft=draft, gamma=3, max_decode_len=td.MAX_LEN)
     assert summary["tokens_per_target_call"] >= chain.summary()["tokens_per_target_call"]
 
@@ -324,6 +329,29 @@ def test_tree_decode_sampling_is_exact(shape, children, setting):
     assert 0.1 < rate < 0.95, rate                       # both branches exercised
     pvalue, cells = tx.chi_square_pvalue(out.tokens, tx.exact_distribution(target, sampling))
     assert cells >= 20 and pvalue > 1e-3, (shape, children, setting, pvalue)
+
+
+def test_expected_tokens_against_simulation():
+    """`expected_tokens` against eq. (1) for chains and a Monte Carlo walk over trees whose
+    i-th child is accepted with rank_alpha[i] once the earlier ones are rejected."""
+    from speculative_t5.decoding.trees import expected_tokens
+    from speculative_t5.measure.analysis import expected_tokens_per_call
+    for a in (0.3, 0.7, 0.9):
+        assert expected_tokens((1,) * 4, [a]) == pytest.approx(expected_tokens_per_call(a, 4))
+    rng = np.random.RandomState(0)
+    for shape, rates in (((3, 2, 1), [0.5, 0.3, 0.2]), ((2, 2, 2, 1), [0.6, 0.25])):
+        n = 200_000
+        tokens = np.ones(n)
+        alive = np.ones(n, bool)
+        for b in shape:
+            passed = np.zeros(n, bool)
+            for i in range(b):
+                passed |= ~passed & (rng.rand(n) < rates[min(i, len(rates) - 1)])
+            alive &= passed
+            tokens += alive
+        assert expected_tokens(shape, rates) == pytest.approx(tokens.mean(), abs=0.01)
+    with pytest.raises(ValueError, match="at least one"):
+        expected_tokens((2, 1), [])
 
 
 def test_tree_options_are_checked():

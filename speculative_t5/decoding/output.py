@@ -76,7 +76,8 @@ class GenerateOutput:
     def summary(self) -> Dict[str, Any]:
         """Batch totals (`combine` over the rows), whether the decode was exact, and the
         acceptance rate at each draft position (accepted / reached; a token tree's: at each
-        depth, with its shape and the nodes a target call checks)."""
+        depth, with its shape, the nodes a target call checks and the acceptance rate of a
+        node's i-th child once the earlier ones are rejected, `trees.expected_tokens`)."""
         s = self.stats
         out = dict(combine(self.rows()), exact=bool(s["exact"]), gamma=int(s["gamma"]))
         if s["gamma"]:
@@ -86,7 +87,9 @@ class GenerateOutput:
         else:
             out.pop("acceptance_rate")
         if s.get("tree"):  # a token tree: gamma is its depth, positions are depths
-            out.update(tree=list(s["tree"]), nodes_per_target_call=int(s["tree_nodes"]))
+            out.update(tree=list(s["tree"]), nodes_per_target_call=int(s["tree_nodes"]),
+                       acceptance_rate_by_rank=(np.sum(s["rank_accepted"], 0) / np.maximum(
+                           np.sum(s["rank_tried"], 0), 1)).tolist())
         return out
 
 

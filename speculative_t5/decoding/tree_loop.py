@@ -89,9 +89,10 @@ def tree_decode(target: Callable, keep_target: Callable, target_cache: Any, draf
     a round. rng [B]: a key per row; start [B]: each row's first token (`loops._buffer`)."""
     D = tree.depth
     nodes = TreeNodes.of(tree)
+    ranks = jnp.zeros((batch, max(tree.branching)), jnp.int32)
     state = SpeculativeState(_buffer(batch, max_len, start), jnp.zeros((batch,), jnp.int32),
                              jnp.zeros((batch,), bool), target_cache, draft_state, rng,
-                             init_stats(batch, D))
+                             dict(init_stats(batch, D), rank_tried=ranks, rank_accepted=ranks))
 
     def round_(s: SpeculativeState) -> SpeculativeState:
         rng, k_draft, k_verify = split_rows(s.rng, 3)
@@ -109,6 +110,9 @@ def tree_decode(target: Callable, keep_target: Callable, target_cache: Any, draf
         seq, m, done, emitted = emit(s.seq, s.m, s.done, new, v.depth + 1, eos_id, max_len)
         stats = record_call(s.stats, ~s.done, emitted, d.count, v.accepted, v.reached,
                             d.wide_first, d.model_steps)
+        active = (~s.done).astype(jnp.int32)[:, None]
+        stats.update(rank_tried=stats["rank_tried"] + v.rank_tried * active,
+                     rank_accepted=stats["rank_accepted"] + v.rank_accepted * active)
         return SpeculativeState(seq, m, done, tcache, dstate, rng, stats)
 
     s = jax.lax.while_loop(_running, round_, state)

@@ -153,12 +153,33 @@ def residual(r: Array, q_i: Array) -> Array:
     return _normalise(jnp.maximum(r - q_i, 0.0), r)
 
 
+def expected_tokens(branching: Sequence[int], rank_alpha: Sequence[float]) -> float:
+    """Tokens a round of this shape emits on average if a node's i-th child is accepted with
+    probability rank_alpha[i] once its earlier siblings are rejected (past the ranks given,
+    the last), the same at every depth: depth d is passed with s_d = 1 - prod_{i < b_d}
+    (1 - a_i), and a round emits 1 + sum_d s_1 ... s_d tokens. A chain, (1,) * gamma with
+    [alpha], is eq. (1). Rank rates come from a tree decode's summary
+    (`acceptance_rate_by_rank`), so one decode prices the shapes it did not run."""
+    a = list(rank_alpha)
+    if not a:
+        raise ValueError("rank_alpha must hold at least one rate")
+    total, reach = 1.0, 1.0
+    for b in branching:
+        miss = float(np.prod([1.0 - a[min(i, len(a) - 1)] for i in range(b)]))
+        reach *= 1.0 - miss
+        total += reach
+    return total
+
+
 class TreeVerdict(NamedTuple):
     depth: Array      # [B] accepted nodes (the accepted path's length)
     path: Array       # [B, D] the accepted nodes, depth 1..D (0 past `depth`)
     next_token: Array  # [B] the token after the path
     accepted: Array   # [B, D] bool: a node at depth d + 1 was accepted
     reached: Array    # [B, D] bool: depth d + 1 was tried (its parent accepted, drafted)
+    rank_tried: Array     # [B, b] children of rank i judged, over the depths
+    rank_accepted: Array  # [B, b] children of rank i accepted (a rank's acceptance rate:
+                          # given every earlier sibling rejected; `expected_tokens`)
 
 
 def verify_tree(rng: Array, p: Array, q: Array, tokens: Array, tree: TreeShape, greedy,
@@ -183,6 +204,7 @@ def verify_tree(rng: Array, p: Array, q: Array, tokens: Array, tree: TreeShape, 
         alive = jnp.ones((B,), bool)
         final = jnp.zeros((B, V), p.dtype)                 # where each row's round ends
         path, accepted, reached = [], [], []
+        tried_at = accepted_at = jnp.zeros((B, widest), jnp.int32)
         for d in range(D):
             kids = tree.children(node, d)                                      # [B, b]
             x = jnp.take_along_axis(tokens, kids, axis=1)                      # [B, b]
@@ -196,6 +218,8 @@ def verify_tree(rng: Array, p: Array, q: Array, tokens: Array, tree: TreeShape, 
                 r_x = jnp.take_along_axis(r, x[:, i:i + 1], axis=-1)[:, 0]
                 live = tries & ~found & (q_x > 0)       # q_i(x_i) = 0: never drawn, skipped
                 ok = live & (u[:, d, i] * q_x < r_x)    # u < min(1, r / q_i), not dividing
+                tried_at = tried_at.at[:, i].add(live.astype(jnp.int32))
+                accepted_at = accepted_at.at[:, i].add(ok.astype(jnp.int32))
                 chosen, found = jnp.where(ok, kids[:, i], chosen), found | ok
                 rejected = live & ~ok
                 r = jnp.where(rejected[:, None], residual(r, q_i), r)
@@ -207,18 +231,25 @@ def verify_tree(rng: Array, p: Array, q: Array, tokens: Array, tree: TreeShape, 
             alive, node = found, chosen
             path.append(jnp.where(found, chosen, 0))
         final = jnp.where(alive[:, None], _at(p, node), final)               # a leaf: its p
-        return jnp.stack(path, 1), sample(k_next, final), jnp.stack(accepted, 1), jnp.stack(reached, 1)
+        return (jnp.stack(path, 1), sample(k_next, final), jnp.stack(accepted, 1),
+                jnp.stack(reached, 1), tried_at, accepted_at)
 
     def argmax_rule(p, q):
         node = jnp.zeros((B,), jnp.int32)
         alive = jnp.ones((B,), bool)
         path, accepted, reached = [], [], []
+        tried_at = accepted_at = jnp.zeros((B, widest), jnp.int32)
         for d in range(D):
             kids = tree.children(node, d)                                      # [B, b]
             x = jnp.take_along_axis(tokens, kids, axis=1)                      # [B, b]
             best = jnp.argmax(_at(p, node), axis=-1).astype(jnp.int32)         # [B]
             tries = alive & (d < limit)
             match = (x == best[:, None]) & tries[:, None]                      # [B, b]
+            before = jnp.cumsum(match, axis=1) - match                         # matches before i
+            tried = tries[:, None] & (before == 0)                             # [B, b]
+            pad = ((0, 0), (0, widest - x.shape[1]))
+            tried_at = tried_at + jnp.pad(tried, pad).astype(jnp.int32)
+            accepted_at = accepted_at + jnp.pad(match & tried, pad).astype(jnp.int32)
             found = jnp.any(match, axis=1)
             node = jnp.where(found, jnp.take_along_axis(kids, jnp.argmax(match, 1)[:, None], 1)[:, 0], node)
             path.append(jnp.where(found, node, 0))
@@ -226,7 +257,9 @@ def verify_tree(rng: Array, p: Array, q: Array, tokens: Array, tree: TreeShape, 
             reached.append(tries)
             alive = found
         nxt = jnp.argmax(_at(p, node), axis=-1).astype(jnp.int32)
-        return jnp.stack(path, 1), nxt, jnp.stack(accepted, 1), jnp.stack(reached, 1)
+        return (jnp.stack(path, 1), nxt, jnp.stack(accepted, 1), jnp.stack(reached, 1),
+                tried_at, accepted_at)
 
-    path, nxt, accepted, reached = branch(greedy, argmax_rule, descend, p, q)
-    return TreeVerdict(jnp.sum(accepted, axis=1).astype(jnp.int32), path, nxt, accepted, reached)
+    path, nxt, accepted, reached, tried_at, accepted_at = branch(greedy, argmax_rule, descend, p, q)
+    return TreeVerdict(jnp.sum(accepted, axis=1).astype(jnp.int32), path, nxt, accepted, reached,
+                       tried_at, accepted_at)
