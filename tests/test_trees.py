@@ -231,33 +231,37 @@ def test_a_step_over_a_tree_equals_teacher_forcing_along_each_path(family):
         parts.append(logits)
     np.testing.assert_allclose(np.concatenate(parts, 1), whole, atol=1e-5, rtol=1e-5)
 
-    def forced(b, seq):  # teacher-forced logits [len(seq), V] (causal: padded to one width)
+    def forced(rows_seqs):
+        """The teacher-forced logits after each (row, sequence) [n, V], in one forward pass
+        (causal: each sequence padded to one width, read at its own last position)."""
         if family == "t5":
-            full = np.asarray(st.forward(model, ids[b:b + 1], np.array([seq + [2] * (16 - len(seq))])))
-            return full[0, :len(seq)]
-        prompt = list(ids[b, :lengths[b] - 1])
-        full = np.asarray(st.forward(model, np.array([prompt + seq + [2] * (24 - len(prompt + seq))])))
-        return full[0, len(prompt):len(prompt) + len(seq)]
+            dec = np.array([seq + [2] * (16 - len(seq)) for _, seq in rows_seqs])
+            full = np.asarray(st.forward(model, ids[[b for b, _ in rows_seqs]], dec))
+            return full[np.arange(len(dec)), [len(seq) - 1 for _, seq in rows_seqs]]
+        full_seqs = [list(ids[b, :lengths[b] - 1]) + seq for b, seq in rows_seqs]
+        full = np.asarray(st.forward(model, np.array([x + [2] * (24 - len(x)) for x in full_seqs])))
+        return full[np.arange(len(full_seqs)), [len(x) - 1 for x in full_seqs]]
     parents = tree.parents()
+    cases = []
     for b in range(B):
         for i in range(n):
             path, j = [], i
             while j > 0:
                 path.insert(0, int(nodes[b, j]))
                 j = parents[j]
-            seq = list(history[b, :pos[b] + 1]) + path
-            np.testing.assert_allclose(whole[b, i], forced(b, seq)[-1], atol=1e-4, rtol=1e-4,
-                                       err_msg=f"{family} row {b} node {i}")
+            cases.append((b, list(history[b, :pos[b] + 1]) + path))
+    np.testing.assert_allclose(whole.reshape(B * n, -1), forced(cases), atol=1e-4, rtol=1e-4,
+                               err_msg=family)
     # keep a path of each depth 0..3, then one chain step after it
     chosen = np.array([[1, 4, 10], [3, 8, 0], [0, 0, 0]], np.int32)
     depth = np.array([3, 2, 0], np.int32)
     kept = keep_path(model, whole_cache, pos, chosen, depth)
     nxt = rng.randint(2, V - 1, (B, 1)).astype(np.int32)
     after, _ = decode(model, kept, nxt, pos + depth + 1)
-    for b in range(B):
-        seq = list(history[b, :pos[b] + 1]) + [int(nodes[b, k]) for k in chosen[b, :depth[b]]]
-        np.testing.assert_allclose(after[b, 0], forced(b, seq + [int(nxt[b, 0])])[-1],
-                                   atol=1e-4, rtol=1e-4, err_msg=f"{family} row {b} after")
+    cases = [(b, list(history[b, :pos[b] + 1]) + [int(nodes[b, k]) for k in chosen[b, :depth[b]]]
+              + [int(nxt[b, 0])]) for b in range(B)]
+    np.testing.assert_allclose(after[:, 0], forced(cases), atol=1e-4, rtol=1e-4,
+                               err_msg=f"{family} after keep_path")
 
 
 # --- token trees through st.generate ---------------------------------------------------
