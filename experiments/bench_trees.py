@@ -2,14 +2,16 @@
 (counts, no noise) and walltime (plain / speculative seconds, this machine's noise).
 
     python experiments/bench_trees.py [--batch 1 8] [--trees 2,2,1,1 3,2,1,1 4,2,2,1]
-                                      [--examples 32] [--repeats 3]
+                                      [--examples 32] [--repeats 3] [--choose]
 
 The held-out demo inputs (sorted by length, batched alike), max_decode_len 64, greedy and
 T = 1: the gamma-4 chain (token-wise), then each tree with children drawn from the draft
 and with its top-k children (verified as fixed guesses: exact too). Seconds are the median
 of `repeats` runs after a compiling one, each decode in turn (`bench_common.timed_runs`).
 A tree's nodes (without the root) are the tokens the target checks a call; a chain of
-gamma checks gamma.
+gamma checks gamma. --choose: first the chooser's table (`measure.tree_choice`: each menu
+shape's expected tokens from a probe's rank rates over these inputs, its cost from step
+timings at the first batch's shape, the predicted speedup), and its pick measured too.
 """
 import argparse
 
@@ -17,6 +19,7 @@ import jax
 
 import speculative_t5 as st
 from speculative_t5.decoding.trees import TreeShape
+from speculative_t5.measure.tree_choice import MENU, choose, probe_shape, tree_costs
 from speculative_t5.paper.cells import demo_examples
 from bench_common import batches_of, timed_runs
 
@@ -36,6 +39,29 @@ def decode_all(target, batches, temperature, **kw):
     return run
 
 
+def rank_rates(target, draft, batches, temperature, tree):
+    """Acceptance rate by child rank over every batch's tree decode (`acceptance_rate_by_rank`)."""
+    tried = accepted = 0
+    for i, x in enumerate(batches):
+        s = st.generate(target, x, draft=draft, tree=tree, max_decode_len=MAX_LEN,
+                        temperature=temperature, rng=jax.random.PRNGKey(i)).stats
+        tried, accepted = tried + s["rank_tried"].sum(0), accepted + s["rank_accepted"].sum(0)
+    return (accepted / tried.clip(1)).tolist()
+
+
+def chosen(target, draft, batches, temperature):
+    """The chooser's pick for these batches, its table printed."""
+    rates = rank_rates(target, draft, batches, temperature, probe_shape(MENU))
+    c = choose(MENU, rates, *tree_costs(target, draft, MENU, *batches[0].shape, MAX_LEN))
+    print(f"chooser, batch {batches[0].shape[0]}, T = {temperature:g}: rank rates "
+          + ", ".join(f"{a:.2f}" for a in rates) + f"; pick {c.tree}", flush=True)
+    print("| shape | nodes | expected tokens/call | cost (target steps) | predicted speedup |")
+    for r in c.table:
+        print(f"| {','.join(map(str, r['tree']))} | {r['nodes']} | {r['expected_tokens']:.2f} | "
+              f"{r['cost']:.2f} | {r['speedup']:.2f}x |", flush=True)
+    return c.tree
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -43,6 +69,7 @@ def main():
     parser.add_argument("--trees", nargs="+", default=["2,2,1,1", "3,2,1,1", "4,2,2,1"])
     parser.add_argument("--examples", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--choose", action="store_true")
     args = parser.parse_args()
     target, draft, vocab = st.load_demo()
     examples = sorted(demo_examples(num_examples=args.examples, vocabulary=vocab),
@@ -51,20 +78,21 @@ def main():
     print(f"demo pair, {len(examples)} held-out inputs, max_decode_len {MAX_LEN}; "
           "tokens/call = tokens / target calls, summed over the rows; speedup = plain / that decode's "
           f"seconds (median of {args.repeats})", flush=True)
-    print("| batch | T | draft | nodes/call | tokens/call | vs chain | speedup |", flush=True)
     for batch in args.batch:
         batches = batches_of(examples, batch)
         for temperature in (0.0, 1.0):
             runs = {"plain": decode_all(target, batches, temperature),
                     "chain, gamma 4": decode_all(target, batches, temperature, draft=draft, gamma=4)}
             nodes = {"chain, gamma 4": 4}
-            for tree in trees:
+            pick = chosen(target, draft, batches, temperature) if args.choose else None
+            for tree in trees + ([pick] if pick and pick not in trees else []):
                 for kind in ("drawn", "top_k"):
                     name = f"tree {','.join(map(str, tree))}" + (", top-k" if kind == "top_k" else "")
                     runs[name] = decode_all(target, batches, temperature, draft=draft, tree=tree,
                                             tree_children=kind)
                     nodes[name] = TreeShape.of(tree).num_nodes - 1
             counts, seconds = timed_runs(runs, args.repeats)
+            print("| batch | T | draft | nodes/call | tokens/call | vs chain | speedup |", flush=True)
             chain = counts["chain, gamma 4"][0] / counts["chain, gamma 4"][1]
             for name, (tokens, calls) in counts.items():
                 if name != "plain":

@@ -8,7 +8,7 @@ Layers, each importing only from those listed before it:
   calibration                model steps timed where the decode runs (adaptive gamma's c, v)
   engine                     `generate`: step functions from models, the loops
   beam_engine                `beam_search` (with a draft: the speculative beam search)
-  measure                    alpha, the paper's analysis, timing, the cost model
+  measure                    alpha, the paper's analysis, timing, the cost model, a tree's shape
   training                   train / distill
   paper                      the paper's drivers and cells, the demo, plots, run directories
   commands                   the `speculative-t5` command line
@@ -24,5 +24,6 @@ from speculative_t5.decoding import BeamSearchOutput, GenerateOutput, SamplingCo
 from speculative_t5.calibration import GammaCosts
 from speculative_t5.engine import gamma_costs, generate
 from speculative_t5.beam_engine import beam_search
+from speculative_t5.measure.tree_choice import choose_tree
 from speculative_t5.partitioning import Partitioner
 from speculative_t5 import data
