@@ -140,7 +140,6 @@ def exactness(results):
     """The exactness chi-square of tests/test_exactness.py, reduced, through a 4x2 mesh."""
     import test_exactness as tx
     from speculative_t5.decoding.sampling import SamplingConfig
-    jax.config.update("jax_disable_most_optimizations", False)  # runtime-bound (conftest)
     target, draft = st.init_model(tx._cfg(), seed=0), st.init_model(tx._cfg(), seed=1)
     p = st.Partitioner(num_partitions=2)
     n = 24_000

@@ -43,7 +43,6 @@ def _block_sample(pair, s, gamma, seed, generate=_generate):
 CASES = [("T=1", 2, 2), ("T=0.6", 2, 1), ("top-k 3", 3, 1), ("top-p 0.8", 3, 1)]
 
 
-@pytest.mark.runtime_bound
 @pytest.mark.parametrize("name,gamma,runs", CASES)
 def test_block_sampling_matches_target_exactly(pair, name, gamma, runs):
     s = tx.SETTINGS[name]
@@ -60,7 +59,6 @@ WRONG_RESIDUALS = {  # name: (a wrong next-token rule, runs of N)
         lambda key, p, q, n, w: RIGHT_CORRECTION(key, p, q, n, jnp.ones_like(w)), 2)}
 
 
-@pytest.mark.runtime_bound
 @pytest.mark.parametrize("wrong", sorted(WRONG_RESIDUALS))
 def test_exactness_test_detects_a_wrong_residual(pair, monkeypatch, wrong):
     """Negative controls: the same test, as many samples, on block verification with its

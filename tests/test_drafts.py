@@ -83,7 +83,6 @@ LOOKUPS = {"always matches": (PromptLookup(3, 1), REPEATING),       # from the s
            "never matches": (PromptLookup(3, 3), tx.INPUT)}         # m < 3 within STEPS
 
 
-@pytest.mark.runtime_bound
 @pytest.mark.parametrize("case", sorted(LOOKUPS))
 def test_prompt_lookup_sampling_is_exact(target8, monkeypatch, case):
     draft, ids = LOOKUPS[case]
@@ -176,7 +175,6 @@ def test_bigram_alpha_is_the_overlap_with_its_table(target8):
     assert alpha == pytest.approx(want, rel=1e-5) and positions == (out != 0).sum()
 
 
-@pytest.mark.runtime_bound
 def test_bigram_sampling_is_exact(target8, monkeypatch):
     out = _sample(target8, _bigram8(), tx.INPUT)
     summary = out.summary()
@@ -194,7 +192,6 @@ class WrongQ(PromptLookup):
         return d._replace(qs=jnp.roll(d.qs, -1, axis=1))
 
 
-@pytest.mark.runtime_bound
 def test_exactness_test_detects_a_wrong_q(target8, monkeypatch):
     out = _sample(target8, WrongQ(3, 1), REPEATING)
     pvalue, _ = _pvalue(target8, out, REPEATING, monkeypatch)
@@ -308,7 +305,6 @@ def _sample_long(target, draft, ids, steps, monkeypatch, **kw):
     return out, tx.chi_square_pvalue(out.tokens, tx.exact_distribution(target, tx.SETTINGS["T=1"]))
 
 
-@pytest.mark.runtime_bound
 def test_fallback_sampling_is_exact(target8, draft8, monkeypatch):
     """Fallback(PromptLookup, model) at T = 1 over 4 tokens with gamma 1: rounds of either
     draft, and the model catching up after lookup rounds (lag > gamma + 1)."""
@@ -327,7 +323,6 @@ def test_fallback_sampling_is_exact(target8, draft8, monkeypatch):
     tg._check_stats(out, 1, fixed_model_draft=False)
 
 
-@pytest.mark.runtime_bound
 @pytest.mark.parametrize("verification", ["token", "block"])
 def test_draft_stop_sampling_is_exact(target8, draft8, monkeypatch, verification):
     """draft_stop at T = 1, gamma 3 over 4 tokens: rows stop drafting at different points
@@ -340,7 +335,6 @@ def test_draft_stop_sampling_is_exact(target8, draft8, monkeypatch, verification
     tg._check_stats(out, 3, fixed_model_draft=False)
 
 
-@pytest.mark.runtime_bound
 def test_exactness_test_detects_a_biased_draft_stop(target8, draft8, monkeypatch):
     """Negative control: stopping BEFORE an unsure token (dropping it: the decision to
     propose x_i then depends on x_i itself) is biased, and the test says so."""

@@ -92,7 +92,6 @@ def _sample(pair, sampling, draft=True, lenience=1.0, gamma=2, seed=0):
     return out
 
 
-@pytest.mark.runtime_bound
 @pytest.mark.parametrize("name", sorted(SETTINGS))
 def test_speculative_sampling_matches_target_exactly(pair, name):
     sampling = SETTINGS[name]
@@ -110,7 +109,6 @@ def test_speculative_sampling_matches_target_exactly(pair, name):
     assert tv > 0.1
 
 
-@pytest.mark.runtime_bound
 def test_plain_sampling_matches_target_exactly(pair):
     """The same check on the baseline sampler (validates the enumeration itself)."""
     sampling = SETTINGS["T=1"]
@@ -119,7 +117,6 @@ def test_plain_sampling_matches_target_exactly(pair):
     assert pvalue > 1e-3
 
 
-@pytest.mark.runtime_bound
 def test_lenience_is_detected_as_inexact(pair):
     sampling = SETTINGS["T=1"]
     out = _sample(pair, sampling, lenience=0.2)
@@ -165,7 +162,6 @@ def test_adjust_top_k_top_p_and_greedy():
     np.testing.assert_allclose(t, np.array([[.01, .16, .04, .09]]) / .30, atol=1e-6)
 
 
-@pytest.mark.runtime_bound
 @pytest.mark.parametrize("verification", ["token", "block"])
 def test_caches_that_end_at_max_decode_len_stay_exact(pair, verification):
     """The loops straight over caches of exactly max_decode_len (STEPS) positions, without

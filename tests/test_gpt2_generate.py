@@ -107,7 +107,6 @@ def _exact(model, sampling):
     return tx.enumerate_distribution(probs, model.config.eos_id)
 
 
-@pytest.mark.runtime_bound
 @pytest.mark.parametrize("kind", ["model", "fallback", "model, top-k 3",
                                   "block, prompt + max_decode_len = n_positions",
                                   pytest.param("tree, prompt + max_decode_len = n_positions",

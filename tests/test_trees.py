@@ -106,7 +106,6 @@ def _pvalue(samples, P, depth):
     return pvalue
 
 
-@pytest.mark.runtime_bound
 @pytest.mark.parametrize("deterministic", [False, True], ids=["drawn", "deterministic"])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_tree_sampling_matches_target_exactly(shape, deterministic):
@@ -122,7 +121,6 @@ def test_tree_sampling_matches_target_exactly(shape, deterministic):
         assert pvalue > 1e-3, (shape, deterministic, name, pvalue)
 
 
-@pytest.mark.runtime_bound
 def test_exactness_test_detects_wrong_tree_rules(monkeypatch):
     """Two wrong rules the same test rejects: every child judged against p itself (no
     residual after a rejection: SpecInfer's rule without its recursion), and later children
@@ -315,7 +313,6 @@ def test_greedy_tree_equals_plain_gpt2():
     assert (plain.lengths < 20).any()
 
 
-@pytest.mark.runtime_bound
 @pytest.mark.parametrize("shape,children,setting", [  # the rule's every setting: above
     ((2, 2), "drawn", "T=1"),
     pytest.param((3, 1), "top_k", "T=1", marks=pytest.mark.slow),
