@@ -60,12 +60,18 @@ def _release_compiled_programs():
     gc.collect()
 
 
-# The files that take longest, heaviest first (seconds on 2 cores, `--durations=0`): with
-# `-n 2 --dist loadfile` whole files go to whichever worker is free, in this order, so no
-# long file starts last and leaves one worker idle at the end. The rest follow by name.
-HEAVY_FILES = ("test_partitioning.py", "test_adaptive_gamma.py", "test_drafts.py",
-               "test_generate.py", "test_block_verification.py", "test_gpt2_generate.py",
-               "test_exactness.py", "test_paper.py", "test_training.py")
+# The files that take longest, heaviest first (worker-seconds on 2 cores, `--durations=0`,
+# 2026-12-06: drafts 123, adaptive_gamma 112, block_verification 99, partitioning 97,
+# gpt2_generate 93, exactness 78, paper 77, trees 67, training 52, checkpoints 36, then
+# decode_cli, hardening, plan at ~30): with `-n 2 --dist loadfile` whole files go to
+# whichever worker is free, in this order, so no long file starts last and leaves one
+# worker idle at the end (test_trees.py, 67 s, was missing and ran among the last by
+# name). The rest follow by name.
+HEAVY_FILES = ("test_drafts.py", "test_adaptive_gamma.py", "test_block_verification.py",
+               "test_partitioning.py", "test_gpt2_generate.py", "test_exactness.py",
+               "test_paper.py", "test_trees.py", "test_training.py", "test_checkpoints.py",
+               "test_decode_cli.py", "test_hardening.py", "test_plan.py", "test_generate.py",
+               "test_decode_cache.py", "test_speculative_beam.py", "test_beam_search.py")
 
 
 def pytest_configure(config):
