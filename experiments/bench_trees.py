@@ -45,15 +45,11 @@ def load(family, num_examples):
     vocab = BPEVocabulary(paths["target"])
     prompts = sorted((vocab.encode(e["prompt"])[-PROMPT:] for e in heldout_prompts()[:num_examples]),
                      key=len)
+    examples = [{"inputs": p} for p in prompts]
 
-    def batches(b):
-        out = []
-        for i in range(0, len(prompts), b):
-            rows = prompts[i:i + b]
-            width = -(-max(map(len, rows)) // 32) * 32
-            out.append(dict(input_ids=st.data.pad_to(rows, width),
-                            prompt_lengths=np.array([len(r) for r in rows], np.int32)))
-        return out
+    def batches(b):  # batches_of's padded rows, with each row's prompt length
+        return [dict(input_ids=x, prompt_lengths=np.array([len(p) for p in prompts[i:i + b]], np.int32))
+                for i, x in zip(range(0, len(prompts), b), batches_of(examples, b))]
     return target, draft, batches
 
 
