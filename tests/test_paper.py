@@ -353,13 +353,54 @@ def test_alpha_table_two_cells(tmp_path, pair, spm):
 
 @pytest.mark.slow
 def test_gamma_sweep(tmp_path, pair, spm):
+    """The sweep times fixed gammas and (adaptive = True) adaptive gamma beside them; an
+    adaptive cell decodes in walltime_table (greedy: plain's tokens) with no fixed-gamma
+    prediction, and is refused by the sweep."""
     cell = _cell_file(tmp_path, pair, spm, "ende_t0")
     out = str(tmp_path / "run")
     rows = paper.run("gamma_sweep", [cell], out, bindings=[
-        "gamma_sweep_cell.gammas = [1, 3]", "gamma_sweep_cell.timing_rounds = 2"], quiet=True)
+        "gamma_sweep_cell.gammas = [1, 3]", "gamma_sweep_cell.timing_rounds = 2",
+        "gamma_sweep_cell.adaptive = True"], quiet=True)
     row = rows[0]
     assert row["best_gamma_measured"] in (1, 3) and row["best_gamma_predicted"] in (1, 3)
     assert 0 < row["c_hat"] < 1
+    a = row["adaptive"]
+    assert a["max_gamma"] == 3 and a["speedup_measured"] > 0 and 1 <= a["tokens_per_target_call"] <= 4
+    recs = _records(os.path.join(out, "ende_t0", "examples.jsonl"))
+    assert all(set(r["seconds"]) == {"plain", "1", "3", "adaptive"} for r in recs)
+    # adaptive rounds draft 0..3, so a row's target calls are those of some mix of widths
+    assert all(r["spec"]["adaptive"]["length"] == r["plain"]["length"] for r in recs)
+    adaptive = _cell_file(tmp_path, pair, spm, "ende_adaptive", extra="ADAPTIVE_GAMMA = True\nGAMMA = 3\n")
+    tree = _cell_file(tmp_path, pair, spm, "ende_tree", extra="TREE = (2, 1)\n")
+    table, trees = paper.run("walltime_table", [adaptive, tree], str(tmp_path / "table"), quiet=True,
+                             bindings=["walltime_cell.timing_rounds = 2", "NUM_EXAMPLES = 2",
+                                       "walltime_cell.t5x_baseline = False"])
+    for row in (table, trees):  # greedy: plain's tokens; no chain's prediction applies
+        assert row["identical_fraction"] == 1.0 and row["speedup_measured"] > 0
+        assert row["speedup_predicted_full"] is None and row["measured_over_full"] is None
+        assert row["tokens_per_call_predicted"] is None
+    assert table["adaptive_gamma"] is True and table["gamma"] == 3
+    assert trees["tree"] == "2,1" and trees["gamma"] == 2 and trees["v"] is None
+    assert 1 <= trees["tokens_per_target_call"] <= 3
+    assert trees["tree_nodes"] == 4  # 2 + 2 nodes a round, checked in one target call
+    with pytest.raises(ValueError, match="decodes with adaptive gamma: gamma_sweep times fixed"):
+        paper.run("gamma_sweep", [adaptive], str(tmp_path / "adaptive_sweep"), quiet=True)
+    with pytest.raises(ValueError, match=r"decodes a token tree \(2, 1\): gamma_sweep times"):
+        paper.run("gamma_sweep", [tree], str(tmp_path / "tree_sweep"), quiet=True)
+    for name, extra, decoding, message in (
+            ("beam_adaptive", "ADAPTIVE_GAMMA = True", "beam_search", "adaptive_gamma is for speculative"),
+            ("beam_tree", "TREE = (2, 1)", "beam_search", "tree does not combine with beam search"),
+            ("tree_block", "TREE = (2, 1)\nVERIFICATION = 'block'", "speculative_greedy",
+             "tree does not combine with verification='block'"),
+            ("tree_bad", "TREE = (2, 0)", "speculative_greedy", "each an int >= 1"),
+            ("tree_adaptive", "TREE = (2, 1)\nADAPTIVE_GAMMA = True", "speculative_greedy",
+             "tree does not combine with adaptive_gamma")):
+        bad = _cell_file(tmp_path, pair, spm, name, decoding=decoding, extra=extra + "\n")
+        with pytest.raises(ValueError, match=message):
+            paper.run("walltime_table", [bad], str(tmp_path / name), quiet=True)
+    lookup = _cell_file(tmp_path, pair, spm, "tree_lookup", draft="prompt_lookup", extra="TREE = (2, 1)\n")
+    with pytest.raises(ValueError, match="tree needs a draft model"):
+        paper.run("walltime_table", [lookup], str(tmp_path / "tree_lookup"), quiet=True)
     lines = open(os.path.join(out, "ende_t0", "summary.csv")).read().splitlines()
     assert [line.split(",")[0] for line in lines[1:]] == ["1", "3"]
     for f in ("speedup_vs_gamma.png", "ende_t0/speedup_vs_gamma.png", "ende_t0/operations_vs_gamma.png"):
@@ -367,6 +408,22 @@ def test_gamma_sweep(tmp_path, pair, spm):
     with pytest.raises(ValueError, match="distinct ints"):
         paper.run("gamma_sweep", [cell], str(tmp_path / "bad"),
                   bindings=["gamma_sweep_cell.gammas = [0]"], quiet=True)
+
+
+def test_choose_gamma():
+    """Adaptive where it measured at least as fast as the fastest fixed gamma; else the
+    cost model's fastest fixed gamma, not the measured one."""
+    from speculative_t5.paper.gamma_sweep import choose_gamma
+    swept = {"best_speedup_measured": 1.5, "best_gamma_measured": 3, "best_gamma_predicted_full": 2,
+             "rows": [{"gamma": g} for g in (1, 2, 3)],
+             "adaptive": {"max_gamma": 3, "speedup_measured": 1.4, "tokens_per_target_call": 2.0}}
+    fixed = choose_gamma(swept)
+    assert fixed["adaptive"] is False and fixed["gamma"] == 2
+    assert "cost model" in fixed["why"] and "adaptive measured 1.40x" in fixed["why"]
+    swept["adaptive"]["speedup_measured"] = 1.5
+    chosen = choose_gamma(swept)
+    assert chosen["adaptive"] is True and chosen["gamma"] == 3 and "adaptive gamma" in chosen["why"]
+    assert choose_gamma(dict(swept, adaptive=None))["gamma"] == 2
 
 
 @pytest.mark.slow

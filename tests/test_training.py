@@ -180,7 +180,13 @@ def test_distillation_raises_alpha(corpus_dir, tmp_path):
               batch_size=8, input_len=32, target_len=10, vocab_size=128, max_examples=48,
               learning_rate=1e-2, warmup_steps=2, checkpoint_every=100, quiet=True)
     before = training.distill(model_dir=str(tmp_path / "d0"), steps=1, **kw)
-    after = training.distill(model_dir=str(tmp_path / "d1"), steps=60, **kw)
+    # on the data, the teacher's greedy outputs and one sample of it per input
+    after = training.distill(model_dir=str(tmp_path / "d1"), steps=60, sampled_outputs=1, **kw)
+    assert np.load(str(tmp_path / "d1" / "teacher_samples_0.npz"))["outputs"].shape == (48, 10)
+    with pytest.raises(ValueError, match="sampled_outputs=1, now 0"):  # another run's directory
+        training.distill(model_dir=str(tmp_path / "d1"), steps=60, **kw)
+    with pytest.raises(ValueError, match="sampled_outputs must be an int >= 0"):
+        training.distill(model_dir=str(tmp_path / "d3"), steps=60, sampled_outputs=-1, **kw)
     vocab = st.data.Vocabulary(os.path.join(corpus_dir, "spiece.model"))
     rows = training.read_split(corpus_dir, "train")[:48]
     x = st.data.tokenize([r["input"] for r in rows], vocab, 32)
@@ -220,9 +226,25 @@ def test_teacher_outputs_resume_after_a_kill_and_refuse_another_teacher(tmp_path
         training.teacher_outputs(teacher, x, 6, batch_size=2, cache=cache, save_every=2), whole)
     np.testing.assert_array_equal(np.load(cache)["outputs"], whole)
     other = st.init_model(st.T5Config(**TINY), seed=1)
-    for args in ((other, x), (teacher, x[::-1].copy())):
-        with pytest.raises(ValueError, match="another teacher or other inputs"):
-            training.teacher_outputs(*args, 6, batch_size=2, cache=cache)
+    for args, kw in (((other, x), {}), ((teacher, x[::-1].copy()), {}),
+                     ((teacher, x), {"temperature": 1.0})):
+        with pytest.raises(ValueError, match="another teacher, other inputs or other sampling"):
+            training.teacher_outputs(*args, 6, batch_size=2, cache=cache, **kw)
+    # samples at T = 1 (the prefixes a sampled decode drafts from): each batch its own key
+    # from the seed, so a killed run resumes with the samples it would have drawn
+    sampled = training.teacher_outputs(teacher, x, 6, batch_size=2, temperature=1.0, seed=3)
+    assert not np.array_equal(sampled, whole)
+    assert not np.array_equal(sampled, training.teacher_outputs(teacher, x, 6, batch_size=2,
+                                                                temperature=1.0, seed=4))
+    calls.clear()
+    monkeypatch.setattr(engine, "generate", dies_on_the_fourth_batch)
+    samples = str(tmp_path / "samples.npz")
+    with pytest.raises(KeyboardInterrupt):
+        training.teacher_outputs(teacher, x, 6, batch_size=2, cache=samples, save_every=2,
+                                 temperature=1.0, seed=3)
+    monkeypatch.setattr(engine, "generate", real)
+    np.testing.assert_array_equal(training.teacher_outputs(
+        teacher, x, 6, batch_size=2, cache=samples, save_every=2, temperature=1.0, seed=3), sampled)
 
 
 def _write_package(root, name, source):

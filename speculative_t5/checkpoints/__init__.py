@@ -135,6 +135,12 @@ def draft_parts(spec: str) -> list:
     return out
 
 
+def names_a_model(spec: str) -> bool:
+    """Whether a draft spec is one draft model checkpoint (what a token tree expands)."""
+    parts = draft_parts(spec)
+    return len(parts) == 1 and isinstance(parts[0], str)
+
+
 def load_draft(spec: str, vocab_size: Optional[int] = None, **load_kwargs):
     """A draft from its command-line / gin spec:
        PATH                          a draft model checkpoint (`load_checkpoint(PATH, ...)`)

@@ -25,7 +25,8 @@ import numpy as np
 from tqdm import tqdm
 
 from speculative_t5.beam_engine import PATHS_PER_BEAM, beam_search, check_alpha
-from speculative_t5.checkpoints import BigramFile, draft_parts, load_checkpoint, load_draft
+from speculative_t5.checkpoints import (BigramFile, draft_parts, load_checkpoint, load_draft,
+                                      names_a_model)
 from speculative_t5.commands import interrupt
 from speculative_t5.data import BPEVocabulary, find_vocabulary, pad_rows, pad_to, read_inputs
 from speculative_t5.decoding.output import combine
@@ -171,9 +172,8 @@ def check_cli_tree(tree, tree_children: str, draft: Optional[str], beam_size, ve
     if beam_size:
         raise ValueError("--tree does not combine with --beam_size (beam search drafts its "
                          "own beams)")
-    parts = draft_parts(draft) if draft else []
     return check_tree(tree, tree_children, draft, verification, lenience, draft_stop,
-                      adaptive_gamma, len(parts) == 1 and isinstance(parts[0], str))
+                      adaptive_gamma, bool(draft) and names_a_model(draft))
 
 
 def beam_record(res, row: int, vocabulary, beam_outputs: int) -> Dict[str, Any]:

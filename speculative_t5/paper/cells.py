@@ -52,6 +52,9 @@ class Cell:
                                   # T5X's beam search vs the speculative one (`beam_walltime`)
     beam_alpha: float = 0.6       # beam search's length penalty exponent
     beam_paths: Optional[int] = None  # draft path rows per input (None: 4 * beam_size)
+    adaptive_gamma: bool = False  # each round drafts 0..gamma (`st.generate(adaptive_gamma=)`)
+    tree: Optional[Tuple[int, ...]] = None  # children per depth: a token tree a round
+    tree_children: str = "drawn"  # or "top_k" (`st.generate(tree=, tree_children=)`)
 
     def width(self, example: Example) -> int:
         """The encoder width an example is decoded at: its length bucket (the next power of
@@ -117,7 +120,11 @@ class Cell:
         return {"cell": self.name, "task": self.task, "draft": self.draft_name,
                 "temperature": self.temperature, "gamma": self.gamma,
                 "verification": self.verification, "examples": len(self.examples),
-                **({"beam_size": self.beam_size} if self.beam_size else {})}
+                **({"beam_size": self.beam_size} if self.beam_size else {}),
+                **({"adaptive_gamma": True} if self.adaptive_gamma else {}),
+                **({"tree": ",".join(map(str, self.tree)), "tree_children": self.tree_children,
+                    "tree_nodes": int(np.sum(np.cumprod(self.tree)))}  # checked a target call
+                   if self.tree else {})}
 
 
 @gin.configurable(denylist=["name"])
@@ -130,12 +137,17 @@ def paper_cell(name: str, target: str = gin.REQUIRED, draft: str = gin.REQUIRED,
                paper_speedup: Optional[float] = None, input_width: Optional[int] = None,
                activation_dtype: Optional[str] = None, verification: str = "token",
                beam_size: int = 0, beam_alpha: float = 0.6,
-               beam_paths: Optional[int] = None) -> Cell:
+               beam_paths: Optional[int] = None, adaptive_gamma: bool = False,
+               tree: Optional[Sequence[int]] = None, tree_children: str = "drawn") -> Cell:
     """Build and check a Cell from the gin bindings in force. draft: a draft spec as
     `decode --draft` takes it (`checkpoints.load_draft`): a checkpoint path,
     'prompt_lookup[:MAX[:MIN]]', or 'prompt_lookup,PATH' (Fallback: the lookup where it
     matches, the model elsewhere); checked here, loaded by `Cell.load_models`.
-    beam_size > 0: a beam-search cell (argmax, token verification, a draft model)."""
+    beam_size > 0: a beam-search cell (argmax, token verification, a draft model).
+    adaptive_gamma: each round drafts 0..gamma, chosen from the running acceptance rate and
+    the costs `st.gamma_costs` measures on the cell's inputs. tree: children per depth (a
+    draft model expands a token tree a round, the target checks it in one call; its depth
+    is the cell's gamma), tree_children 'drawn' or 'top_k'."""
     from speculative_t5.checkpoints import draft_parts
     from speculative_t5.data.tasks import METRICS
     for field, value in (("target", target), ("draft", draft), ("vocabulary", vocabulary)):
@@ -163,6 +175,14 @@ def paper_cell(name: str, target: str = gin.REQUIRED, draft: str = gin.REQUIRED,
         raise ValueError(f"cell {name}: {e}") from None
     _check_beam(name, beam_size, beam_alpha, beam_paths, draft, temperature, top_k, top_p,
                 verification)
+    if not isinstance(adaptive_gamma, bool):
+        raise ValueError(f"cell {name}: adaptive_gamma must be True or False, got {adaptive_gamma!r}")
+    if adaptive_gamma and beam_size:
+        raise ValueError(f"cell {name}: adaptive_gamma is for speculative sampling, not beam "
+                         f"search (beam_size {beam_size})")
+    if tree is not None:
+        tree, gamma = _check_tree(name, tree, tree_children, draft, verification,
+                                  adaptive_gamma, beam_size)
     examples = tuple(examples)
     if not examples:
         raise ValueError(f"cell {name}: no examples")
@@ -176,7 +196,26 @@ def paper_cell(name: str, target: str = gin.REQUIRED, draft: str = gin.REQUIRED,
                 paper={"alpha": paper_alpha, "speedup": paper_speedup}, input_width=input_width,
                 activation_dtype=activation_dtype, partitioner=Partitioner(),
                 verification=verification, beam_size=beam_size, beam_alpha=float(beam_alpha),
-                beam_paths=beam_paths)
+                beam_paths=beam_paths, adaptive_gamma=adaptive_gamma, tree=tree,
+                tree_children=tree_children)
+
+
+def _check_tree(name, tree, tree_children, draft, verification, adaptive_gamma, beam_size):
+    """A tree cell's shape checked with what it composes with (`engine.check_tree`: a draft
+    model, token-wise verification, no adaptive gamma; no beam search) -> (the shape as a
+    tuple, its depth: the cell's gamma)."""
+    from speculative_t5.checkpoints import names_a_model
+    from speculative_t5.engine import check_tree
+    if beam_size:
+        raise ValueError(f"cell {name}: tree does not combine with beam search (beam_size "
+                         f"{beam_size}: it drafts its own beams)")
+    try:
+        shape = check_tree(tuple(tree) if isinstance(tree, (list, tuple)) else tree,
+                           tree_children, draft, verification, 1.0, None, adaptive_gamma,
+                           names_a_model(draft))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"cell {name}: {e}") from None
+    return tuple(shape.branching), shape.depth
 
 
 def _check_beam(name, beam_size, beam_alpha, beam_paths, draft, temperature, top_k, top_p,

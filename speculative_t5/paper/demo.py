@@ -22,6 +22,7 @@ import jax
 
 from speculative_t5.data.demo_corpus import source_of
 from speculative_t5.paper import drivers, timed
+from speculative_t5.paper.gamma_sweep import choose_gamma
 from speculative_t5.paper.rundir import RunDir
 from speculative_t5.measure.quality import name_baseline, summary_quality
 
@@ -98,8 +99,9 @@ FAMILIES = ("t5", "gpt2")
 
 def cell_text(name: str, gamma: int = 4, num_examples: int = 32, temperature: float = 1.0,
               target: Optional[str] = None, draft: Optional[str] = None,
-              vocab: Optional[str] = None) -> str:
-    """A demo cell's gin config; with the defaults, the text of configs/demo/<name>.gin."""
+              vocab: Optional[str] = None, adaptive: bool = False) -> str:
+    """A demo cell's gin config; with the defaults, the text of configs/demo/<name>.gin.
+    adaptive: each round drafts 0..gamma (ADAPTIVE_GAMMA)."""
     cell = {**CELLS, **DRAFT_CELLS, **BEAM_CELL}[name]
     own = {line.split("=")[0].strip() for line in cell.lines}  # a cell's own GAMMA first
     num_examples = min(num_examples, cell.max_examples or num_examples)
@@ -110,6 +112,8 @@ def cell_text(name: str, gamma: int = 4, num_examples: int = 32, temperature: fl
                if macro not in own), *cell.lines]
     if name.endswith(("_t1", "_t1_block")) and temperature != 1.0:
         lines.append(f"TEMPERATURE = {float(temperature)!r}")
+    if adaptive:
+        lines.append("ADAPTIVE_GAMMA = True")
     for macro, path in (("TARGET_CHECKPOINT", target), (cell.draft_macro, draft),
                         ("VOCABULARY", vocab)):
         if path and macro:
@@ -117,14 +121,17 @@ def cell_text(name: str, gamma: int = 4, num_examples: int = 32, temperature: fl
     return "\n".join(lines) + "\n"
 
 
+def _write_cell(output_dir: str, name: str, *settings, **kwargs) -> str:
+    """The named cell's config (`cell_text(name, *settings, **kwargs)`) in output_dir/cells/
+    -> its path."""
+    path = os.path.join(output_dir, "cells", name + ".gin")
+    with open(path, "w") as f:
+        f.write(cell_text(name, *settings, **kwargs))
+    return path
+
+
 def _write_cells(output_dir: str, names, *settings) -> List[str]:
-    """The named cells' configs (`cell_text(name, *settings)`) in output_dir/cells/ -> paths."""
-    paths = []
-    for name in names:
-        paths.append(os.path.join(output_dir, "cells", name + ".gin"))
-        with open(paths[-1], "w") as f:
-            f.write(cell_text(name, *settings))
-    return paths
+    return [_write_cell(output_dir, name, *settings) for name in names]
 
 
 def _fresh(output_dir: str) -> None:
@@ -137,54 +144,65 @@ def _fresh(output_dir: str) -> None:
 
 
 @gin.configurable(denylist=["quiet"])
-def demo(output_dir: Optional[str] = None, num_examples: int = 32, gamma: int = 4,
-         temperature: float = 1.0, gammas: Sequence[int] = (1, 2, 4, 7),
+def demo(output_dir: Optional[str] = None, num_examples: int = 32, gamma: Optional[int] = None,
+         temperature: float = 1.0, gammas: Sequence[int] = (1, 2, 3, 4, 6),
          sweep_examples: int = 16, timing_rounds: Optional[int] = None, target: Optional[str] = None,
          draft: Optional[str] = None, vocab: Optional[str] = None, show: int = 3,
          family: str = "t5", drafts: bool = False, quiet: bool = False) -> Dict:
     """Run the demo; returns the summary also written to output_dir/summary.json (default
     runs/demo_output, runs/demo_gpt2 for family 'gpt2': the decoder-only demo on the
     shipped GPT-2 pair, `demo_gpt2`).
+    gamma: None (the default): each setting (greedy, sampled) decodes as its own `gamma_sweep`
+    over `gammas` on the demo's inputs chooses (`gamma_sweep.choose_gamma`: adaptive gamma
+    where it measured at least as fast as the fastest fixed gamma, else the cost model's
+    fastest fixed gamma); an int: both decode with that gamma.
     drafts: also run `walltime_table` over DRAFT_CELLS (prompt lookup, bigram, Fallback(lookup,
     draft), block verification at T = 1) for the table draft kind x verification (opt-in:
-    it adds minutes to the demo).
+    it adds minutes to the demo; at the greedy setting's gamma).
     timing_rounds: rounds of the cost model's up-front part timing; default 3 for T5 (its
     drivers time every part again beside each example, and predict from those), 10 for
     GPT-2 (predicted from the up-front parts alone)."""
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
     output_dir = output_dir or ("runs/demo_gpt2" if family == "gpt2" else "runs/demo_output")
+    if gamma is not None and (not isinstance(gamma, int) or gamma < 1):
+        raise ValueError(f"gamma must be None (chosen by a sweep) or an int >= 1, got {gamma!r}")
     if family == "gpt2":
-        return _gpt2(output_dir, num_examples, gamma, temperature, timing_rounds or 10, target,
-                     draft, vocab, show, quiet)
+        return _gpt2(output_dir, num_examples, gamma or 4, temperature, timing_rounds or 10,
+                     target, draft, vocab, show, quiet)
     t_start = time.perf_counter()
     if (target or draft or vocab) and not (target and draft and vocab):
         raise ValueError("give --target, --draft and --vocab together (or none: the shipped pair)")
     if not isinstance(num_examples, int) or num_examples < 1:
         raise ValueError(f"num_examples must be an int >= 1, got {num_examples!r}")
     _fresh(output_dir)
-    cells = _write_cells(output_dir, CELLS, gamma, num_examples, temperature, target, draft, vocab)
+    pair = (num_examples, temperature, target, draft, vocab)
     rounds = [f"{driver}.timing_rounds = {timing_rounds or 3}"
               for driver in ("walltime_cell", "gamma_sweep_cell")]
+    # first the sweep over both settings (fixed gammas and adaptive): what each decodes with
+    sweeps = drivers.run(
+        "gamma_sweep", _write_cells(output_dir, CELLS, gamma or 4, *pair),
+        os.path.join(output_dir, "gamma_sweep"),
+        bindings=[f"gamma_sweep_cell.gammas = {sorted(set(gammas))}",
+                  "gamma_sweep_cell.one_width = True", "gamma_sweep_cell.adaptive = True",
+                  f"gamma_sweep_cell.max_examples = {sweep_examples}", *rounds], quiet=quiet)
+    choices = {name: choose_gamma(swept) if gamma is None else
+               {"adaptive": False, "gamma": gamma, "why": f"gamma {gamma}, as asked"}
+               for name, swept in zip(CELLS, sweeps)}
+    cells = [_write_cell(output_dir, name, c["gamma"], *pair, adaptive=c["adaptive"])
+             for name, c in choices.items()]
     greedy, sampled = drivers.run(
         "walltime_table", cells, os.path.join(output_dir, "walltime"),
         bindings=["walltime_cell.t5x_baseline = False", *rounds], quiet=quiet)
-    sweep, = drivers.run(
-        "gamma_sweep", cells[:1], os.path.join(output_dir, "gamma_sweep"),
-        bindings=[f"gamma_sweep_cell.gammas = {sorted(set(gammas))}",
-                  "gamma_sweep_cell.one_width = True",
-                  f"gamma_sweep_cell.max_examples = {sweep_examples}", *rounds], quiet=quiet)
     beam, = drivers.run(
-        "walltime_table", _write_cells(output_dir, BEAM_CELL, gamma, num_examples, temperature,
-                                       target, draft, vocab),
+        "walltime_table", _write_cells(output_dir, BEAM_CELL, 4, *pair),
         os.path.join(output_dir, "beam"), quiet=quiet)
-    extra = _draft_cells(output_dir, gamma, num_examples, temperature, target, draft, vocab,
-                         rounds, quiet) if drafts else None
+    extra = _draft_cells(output_dir, greedy["gamma"], *pair, rounds, quiet) if drafts else None
     shutil.copy(os.path.join(output_dir, "walltime", "docstrings_t0", "tokens_per_call.png"),
                 os.path.join(output_dir, "tokens_per_call.png"))
     shutil.copy(os.path.join(output_dir, "gamma_sweep", "docstrings_t0", "speedup_vs_gamma.png"),
                 os.path.join(output_dir, "speedup_vs_gamma.png"))
-    summary = _summary(greedy, sampled, sweep, output_dir, temperature)
+    summary = _summary(greedy, sampled, sweeps, choices, output_dir, temperature)
     summary["beam"] = {k: beam[k] for k in BEAM_KEYS}
     summary["compile_seconds"] += beam["compile_seconds"]
     if extra is not None:
@@ -258,22 +276,30 @@ SETTING_KEYS = ("alpha", "alpha_ci95", "positions", "c", "v", "gamma", "tokens_p
                 "compile_seconds")
 
 
-def _summary(greedy: Dict, sampled: Dict, sweep: Dict, output_dir: str, temperature: float) -> Dict:
+def _setting(row: Dict, swept: Dict, choice: Dict) -> Dict:
+    """One setting's figures: its walltime row, its sweep and the gamma chosen from it."""
+    return dict({k: row[k] for k in SETTING_KEYS}, adaptive_gamma=bool(row.get("adaptive_gamma")),
+                gamma_choice=choice["why"], gamma_sweep=swept["rows"],
+                adaptive_sweep=swept["adaptive"], best_gamma_measured=swept["best_gamma_measured"],
+                best_gamma_predicted_full=swept["best_gamma_predicted_full"],
+                best_gamma_predicted=swept["best_gamma_predicted"])
+
+
+def _summary(greedy: Dict, sampled: Dict, sweeps: List[Dict], choices: Dict, output_dir: str,
+             temperature: float) -> Dict:
     run = RunDir(os.path.join(output_dir, "walltime", "docstrings_t0"))
     costs = timed.costs_of(timed.load_timing(run), run.records())  # the parts beside the decodes
-    out = {k: greedy[k] for k in SETTING_KEYS}
+    g_choice, t_choice = choices.values()
+    out = _setting(greedy, sweeps[0], g_choice)
     out.update(greedy_identical_fraction=greedy["identical_fraction"],
                # the noise floor: plain greedy itself, batch 4 against batch 1
                plain_batch_identical_fraction=greedy["plain_batch_identical_fraction"],
-               temperature_1={k: sampled[k] for k in SETTING_KEYS}, temperature=float(temperature),
+               temperature_1=_setting(sampled, sweeps[1], t_choice), temperature=float(temperature),
                rouge1_plain=greedy.get("rouge1_plain"), rouge1_spec=greedy.get("rouge1_spec"),
-               gamma_sweep=sweep["rows"], best_gamma_measured=sweep["best_gamma_measured"],
-               best_gamma_predicted_full=sweep["best_gamma_predicted_full"],
-               best_gamma_predicted=sweep["best_gamma_predicted"],
-               sweep_examples=sweep["examples_swept"], sweep_input_width=sweep["width_swept"],
+               sweep_examples=sweeps[0]["examples_swept"], sweep_input_width=sweeps[0]["width_swept"],
                num_examples=greedy["examples"],
                compile_seconds=greedy["compile_seconds"] + sampled["compile_seconds"]
-               + sweep["compile_seconds"],
+               + sum(s["compile_seconds"] for s in sweeps),
                setup_ms={str(w): {k: 1e3 * t for k, t in s.items()} for w, s in costs.setup.items()},
                device=f"{jax.devices()[0].platform} ({os.cpu_count()} cores)")
     return out
@@ -290,22 +316,29 @@ def _report(s: Dict, examples: List[Dict]) -> str:
     for name, r in (("greedy", s), (f"temperature {s['temperature']:g}", t1)):
         ident = (f"{s['greedy_identical_fraction']:.2f} (plain itself, batch 4 vs 1: "
                  f"{s['plain_batch_identical_fraction']:.2f})" if r is s else "n/a (sampled)")
-        lines.append(f"| {name} | {r['alpha']:.3f} | {r['tokens_per_target_call']:.2f} | "
+        lines.append(f"| {name}, {_gamma(r)} | {r['alpha']:.3f} | {r['tokens_per_target_call']:.2f} | "
                      f"{r['c']:.3f} | {r['v']:.2f} | {r['speedup_measured']:.2f} | "
-                     f"{r['speedup_predicted_full']:.2f} | {r['measured_over_full']:.2f} | "
-                     f"{r['speedup_predicted']:.2f} | {r['speedup_predicted_paper']:.2f} | {ident} |")
+                     f"{_f(r['speedup_predicted_full'])} | {_f(r['measured_over_full'])} | "
+                     f"{_f(r['speedup_predicted'])} | {_f(r['speedup_predicted_paper'])} | {ident} |")
+    lines += ["", "Each setting's gamma, from its sweep on the demo's inputs (below): "
+              f"greedy {s['gamma_choice']}; temperature {s['temperature']:g} {t1['gamma_choice']}."]
     lines += ["", _beam_line(s["beam"]) + " (beam/)."]
     lines += ["", f"Summaries (greedy): {_quality(s['quality'])}; no model, \"Return the "
               f"<function name>.\": {_quality(s['quality_name_baseline'])}.",
-              "", "## Speedup against gamma (greedy)", "",
+              "", "## Speedup against gamma", "",
               f"{s['sweep_examples']} inputs of the most common input width "
               f"({s['sweep_input_width']} tokens).", "",
-              "| gamma | tokens/call | v | measured | cost model | eq. (5), measured v | eq. (5), v = 1 |",
-              "|---|---|---|---|---|---|---|"]
-    for r in s["gamma_sweep"]:
-        lines.append(f"| {r['gamma']} | {r['tokens_per_target_call']:.2f} | {r['v']:.2f} | "
-                     f"{r['speedup_measured']:.2f} | {r['speedup_predicted_full']:.2f} | "
-                     f"{r['speedup_predicted']:.2f} | {r['speedup_predicted_paper']:.2f} |")
+              "| setting | gamma | tokens/call | v | measured | cost model | eq. (5), measured v | "
+              "eq. (5), v = 1 |", "|---|---|---|---|---|---|---|---|"]
+    for name, setting in (("greedy", s), (f"T = {s['temperature']:g}", t1)):
+        for r in setting["gamma_sweep"]:
+            lines.append(f"| {name} | {r['gamma']} | {r['tokens_per_target_call']:.2f} | "
+                         f"{r['v']:.2f} | {r['speedup_measured']:.2f} | "
+                         f"{r['speedup_predicted_full']:.2f} | {r['speedup_predicted']:.2f} | "
+                         f"{r['speedup_predicted_paper']:.2f} |")
+        a = setting["adaptive_sweep"]
+        lines.append(f"| {name} | adaptive, at most {a['max_gamma']} | "
+                     f"{a['tokens_per_target_call']:.2f} | | {a['speedup_measured']:.2f} | | | |")
     if "drafts" in s:
         lines += ["", "## Draft kind x verification", "",
                   f"walltime_table over configs/demo/ cells, gamma {s['gamma']}, "
@@ -330,6 +363,20 @@ def _report(s: Dict, examples: List[Dict]) -> str:
                   f"- reference: {ex['reference']}", f"- plain: {ex['plain_output']}",
                   f"- speculative: {ex['spec_output']}", ""]
     return "\n".join(lines)
+
+
+def _f(value: Optional[float]) -> str:
+    """A ratio to two places; n/a where none applies (an adaptive decode's predictions)."""
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def _x(value: Optional[float]) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
+def _gamma(setting: Dict) -> str:
+    return (f"adaptive gamma <= {setting['gamma']}" if setting["adaptive_gamma"]
+            else f"gamma {setting['gamma']}")
 
 
 def _beam_line(b: Dict) -> str:
@@ -360,17 +407,19 @@ def _print(s: Dict, examples: List[Dict], output_dir: str) -> None:
     console.print(table)
     t1 = s["temperature_1"]
     console.print(
-        f"greedy: identical outputs {s['greedy_identical_fraction']:.0%} (noise floor: plain batch 4 vs "
+        f"greedy: {s['gamma_choice']}\n"
+        f"        identical outputs {s['greedy_identical_fraction']:.0%} (noise floor: plain batch 4 vs "
         f"batch 1 {s['plain_batch_identical_fraction']:.0%}), alpha {s['alpha']:.3f}, "
         f"{s['tokens_per_target_call']:.2f} tokens per target call, c {s['c']:.3f}, v {s['v']:.2f}\n"
-        f"        speedup measured {s['speedup_measured']:.2f}x; predicted {s['speedup_predicted_full']:.2f}x "
-        f"(cost model: measured/predicted {s['measured_over_full']:.2f}), "
-        f"{s['speedup_predicted']:.2f}x (eq. 5 with measured v), "
-        f"{s['speedup_predicted_paper']:.2f}x (paper, v = 1)\n"
-        f"T={s['temperature']:g}:  alpha {t1['alpha']:.3f}, {t1['tokens_per_target_call']:.2f} tokens per "
+        f"        speedup measured {s['speedup_measured']:.2f}x; predicted {_x(s['speedup_predicted_full'])} "
+        f"(cost model: measured/predicted {_f(s['measured_over_full'])}), "
+        f"{_x(s['speedup_predicted'])} (eq. 5 with measured v), "
+        f"{_x(s['speedup_predicted_paper'])} (paper, v = 1)\n"
+        f"T={s['temperature']:g}:  {t1['gamma_choice']}\n"
+        f"        alpha {t1['alpha']:.3f}, {t1['tokens_per_target_call']:.2f} tokens per "
         f"target call, speedup measured {t1['speedup_measured']:.2f}x; predicted "
-        f"{t1['speedup_predicted_full']:.2f}x (cost model: {t1['measured_over_full']:.2f}) / "
-        f"{t1['speedup_predicted']:.2f}x / {t1['speedup_predicted_paper']:.2f}x\n"
+        f"{_x(t1['speedup_predicted_full'])} (cost model: {_f(t1['measured_over_full'])}) / "
+        f"{_x(t1['speedup_predicted'])} / {_x(t1['speedup_predicted_paper'])}\n"
         f"{_beam_line(s['beam'])}\n"
         f"summaries: {_quality(s['quality'])} (no model, \"Return the <function name>.\": "
         f"{_quality(s['quality_name_baseline'])})\n"

@@ -29,21 +29,31 @@ def _check_gammas(gammas) -> List[int]:
 @gin.configurable(denylist=["cell", "run"])
 def gamma_sweep_cell(cell: Cell, run: RunDir, gammas: Sequence[int] = (1, 2, 3, 4, 5, 6, 7, 8),
                      timing_rounds: int = 20, one_width: bool = False,
-                     max_examples: Optional[int] = None, quiet: bool = False) -> Dict:
+                     max_examples: Optional[int] = None, adaptive: bool = False,
+                     quiet: bool = False) -> Dict:
     """Measure the examples not yet in `run` at every gamma, then summarize the cell.
     one_width: sweep only the examples of the cell's most common input width (one compiled
-    program per gamma instead of one per gamma and width); max_examples: at most this many."""
+    program per gamma instead of one per gamma and width); max_examples: at most this many.
+    adaptive: also time `adaptive_gamma` drafting up to the largest gamma (its costs measured
+    by `st.gamma_costs` while its program compiles), beside the fixed gammas: the summary's
+    `adaptive` entry, and `choose_gamma` picks between them."""
     gammas = _check_gammas(gammas)
     if cell.beam_size:
         raise ValueError(f"cell {cell.name} is a beam-search cell (beam_size {cell.beam_size}): "
                          f"gamma_sweep sweeps speculative decoding; walltime_table times beam "
                          f"search")
+    if cell.adaptive_gamma:
+        raise ValueError(f"cell {cell.name} decodes with adaptive gamma: gamma_sweep times fixed "
+                         f"gammas (gamma_sweep_cell.adaptive = True times adaptive beside them)")
+    if cell.tree:
+        raise ValueError(f"cell {cell.name} decodes a token tree {cell.tree}: gamma_sweep times "
+                         f"chains of each gamma")
     examples = _swept(cell, one_width)[:max_examples]
     ids = {e["id"] for e in examples}
     todo = [(i, e) for i, e in cell.todo(run.done) if e["id"] in ids]
     if todo:
-        _measure(cell, run, todo, gammas, examples, timing_rounds, quiet)
-    return summarize(cell, run, gammas)
+        _measure(cell, run, todo, gammas, examples, timing_rounds, adaptive, quiet)
+    return summarize(cell, run, gammas, adaptive)
 
 
 def _swept(cell: Cell, one_width: bool) -> List[Dict[str, Any]]:
@@ -55,7 +65,7 @@ def _swept(cell: Cell, one_width: bool) -> List[Dict[str, Any]]:
 
 
 def _measure(cell: Cell, run: RunDir, todo: List, gammas: List[int], examples: List,
-             timing_rounds: int, quiet: bool) -> None:
+             timing_rounds: int, adaptive: bool, quiet: bool) -> None:
     target, draft, _ = cell.load_models()
     timing, timers = timed.cell_costs(run, cell, target, draft, gammas, examples, timing_rounds)
     model = draft_model(draft)  # a zero-cost draft does no arithmetic worth counting
@@ -64,6 +74,9 @@ def _measure(cell: Cell, run: RunDir, todo: List, gammas: List[int], examples: L
     timed.save_timing(run, timing)
     variants = {"plain": {}, **{str(g): {"draft": draft, "gamma": g,
                                          "verification": cell.verification} for g in gammas}}
+    if adaptive:
+        variants["adaptive"] = {"draft": draft, "gamma": max(gammas), "adaptive_gamma": True,
+                                "verification": cell.verification}
     for i, ex, x, runs, parts in timed.timed_examples(cell, run, todo, target, variants, timing,
                                                       timers, quiet):
         seconds = {k: round(t, 6) for k, (_, t) in runs.items()}
@@ -75,12 +88,13 @@ def _measure(cell: Cell, run: RunDir, todo: List, gammas: List[int], examples: L
         run.append({"id": ex["id"], **rec})
 
 
-def summarize(cell: Cell, run: RunDir, gammas: List[int]) -> Dict[str, Any]:
+def summarize(cell: Cell, run: RunDir, gammas: List[int], adaptive: bool = False) -> Dict[str, Any]:
     """Per-gamma rows (the cell's summary and plots); returns the cell's best-gamma row."""
     recs = cell.in_order(run.records())
     timing = timed.load_timing(run)
     costs = timed.costs_of(timing, recs)
-    missing = [g for g in gammas if str(g) not in recs[0]["seconds"]]
+    missing = [g for g in gammas + (["adaptive"] if adaptive else [])
+               if str(g) not in recs[0]["seconds"]]
     if missing:
         raise ValueError(f"{run.path} was measured for other gammas (no {missing}); use "
                          "another --output_dir")
@@ -112,7 +126,11 @@ def summarize(cell: Cell, run: RunDir, gammas: List[int]) -> Dict[str, Any]:
         return max(rows, key=lambda r: r[key])
     labels = cell.labels()
     labels.pop("gamma")
-    return dict(labels, **alpha, c=c, c_hat=c_hat,
+    if adaptive:
+        spec = combine([r["spec"]["adaptive"] for r in recs])
+        adaptive = {"max_gamma": max(gammas), "tokens_per_target_call": spec["tokens_per_target_call"],
+                    "speedup_measured": t_plain / sum(r["seconds"]["adaptive"] for r in recs)}
+    return dict(labels, **alpha, c=c, c_hat=c_hat, adaptive=adaptive or None,
                 best_gamma_measured=best("speedup_measured")["gamma"],
                 best_speedup_measured=best("speedup_measured")["speedup_measured"],
                 best_gamma_predicted_full=best("speedup_predicted_full")["gamma"],
@@ -124,10 +142,31 @@ def summarize(cell: Cell, run: RunDir, gammas: List[int]) -> Dict[str, Any]:
                 rows=rows)
 
 
+def choose_gamma(swept: Dict[str, Any]) -> Dict[str, Any]:
+    """What a cell's decode should run, from its sweep (`gamma_sweep_cell`'s summary):
+    adaptive gamma where it measured at least as fast as the fastest fixed gamma, else the
+    fixed gamma the cost model predicts fastest (steadier than the measured best of a few
+    noisy timings). {"adaptive": bool, "gamma": the gamma to decode with (adaptive's
+    largest), "why": one line saying so}."""
+    best, fixed = swept["best_speedup_measured"], swept["best_gamma_predicted_full"]
+    a = swept.get("adaptive")
+    if a is not None and a["speedup_measured"] >= best:
+        return {"adaptive": True, "gamma": a["max_gamma"],
+                "why": f"adaptive gamma (at most {a['max_gamma']}): measured "
+                       f"{a['speedup_measured']:.2f}x, the fastest fixed gamma "
+                       f"({swept['best_gamma_measured']}) {best:.2f}x"}
+    why = f"gamma {fixed}, the cost model's fastest over gammas {[r['gamma'] for r in swept['rows']]}"
+    if a is not None:
+        why += (f" (adaptive measured {a['speedup_measured']:.2f}x, under the fastest fixed "
+                f"gamma's {best:.2f}x)")
+    return {"adaptive": False, "gamma": fixed, "why": why}
+
+
 def finish(top: RunDir, rows: List[Dict[str, Any]]) -> None:
     """One best-gamma row per cell, and every cell's measured curve on one chart."""
     curves = {r["cell"]: r["curve"] for r in rows}
-    top.write_summary([{k: v for k, v in r.items() if k not in ("curve", "rows")} for r in rows])
+    top.write_summary([{k: v for k, v in r.items() if k not in ("curve", "rows", "adaptive")}
+                       for r in rows])
     plots.lines(os.path.join(top.path, "speedup_vs_gamma.png"), curves, "gamma",
                 "measured walltime speedup", "Speedup vs gamma, every cell (paper Fig. 5)",
                 baseline=1.0)

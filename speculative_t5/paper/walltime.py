@@ -64,6 +64,10 @@ def read_tpu_report(path: str, cell: Cell) -> Dict[str, Any]:
             report = json.load(f)
     except (OSError, ValueError) as e:
         raise ValueError(f"walltime_cell.tpu_report: cannot read {path}: {e}") from None
+    if cell.adaptive_gamma or cell.tree:
+        raise ValueError(f"walltime_cell.tpu_report: cell {cell.name} decodes with "
+                         f"{'adaptive gamma' if cell.adaptive_gamma else 'a token tree'}, and a "
+                         f"compile report prices rounds of a fixed gamma's chain")
     need = ("topology", "batch", "gamma", "max_decode_len", "parts", "c", "v")
     if not isinstance(report, dict) or any(k not in report for k in need):
         raise ValueError(f"walltime_cell.tpu_report: {path} is not a `speculative-t5 compile "
@@ -118,7 +122,9 @@ def _measure(cell: Cell, run: RunDir, todo: List, models, timing_rounds: int,
     timing, timers = timed.cell_costs(run, cell, target, draft, [cell.gamma], cell.examples,
                                       timing_rounds)
     variants = {"plain": {}, "spec": {"draft": draft, "gamma": cell.gamma,
-                                      "verification": cell.verification}}
+                                      "verification": cell.verification,
+                                      "adaptive_gamma": cell.adaptive_gamma,
+                                      "tree": cell.tree, "tree_children": cell.tree_children}}
     if t5x_baseline:
         variants["plain_t5x"] = {"recompute_cross_attention": True}
     for i, ex, x, runs, parts in timed.timed_examples(cell, run, todo, target, variants, timing,
@@ -159,17 +165,21 @@ def summarize(cell: Cell, run: RunDir) -> Dict[str, Any]:
     alpha = alpha_of(recs)
     a = alpha["alpha"]
     greedy = cell.temperature == 0.0
-    row = dict(cell.labels(), **alpha, c=c, v=v,
+    # the predictions price chains of `gamma` drafts: an adaptive decode's rounds draft
+    # 0..gamma, a tree's are checked in one call over its nodes (v would be the chain's)
+    fixed = not cell.adaptive_gamma and cell.tree is None
+    row = dict(cell.labels(), **alpha, c=c, v=v if cell.tree is None else None,
                tokens_per_target_call=spec["tokens_per_target_call"],
-               tokens_per_call_predicted=analysis.expected_tokens_per_call(a, g),
+               tokens_per_call_predicted=analysis.expected_tokens_per_call(a, g) if fixed else None,
                speedup_measured=sec["plain"] / sec["spec"],
                speedup_vs_t5x=sec["plain_t5x"] / sec["spec"] if "plain_t5x" in sec else None,
-               speedup_predicted_full=pred["plain"] / pred["spec"],
-               speedup_predicted=analysis.walltime_improvement(a, g, c, v),
-               speedup_predicted_paper=analysis.walltime_improvement(a, g, c),
-               measured_over_full=(sec["plain"] / sec["spec"]) / (pred["plain"] / pred["spec"]),
+               speedup_predicted_full=pred["plain"] / pred["spec"] if fixed else None,
+               speedup_predicted=analysis.walltime_improvement(a, g, c, v) if fixed else None,
+               speedup_predicted_paper=analysis.walltime_improvement(a, g, c) if fixed else None,
+               measured_over_full=((sec["plain"] / sec["spec"]) / (pred["plain"] / pred["spec"])
+                                   if fixed else None),
                plain_measured_over_predicted=sec["plain"] / pred["plain"],
-               spec_measured_over_predicted=sec["spec"] / pred["spec"],
+               spec_measured_over_predicted=sec["spec"] / pred["spec"] if fixed else None,
                paper_alpha=cell.paper["alpha"], paper_speedup=cell.paper["speedup"],
                identical_fraction=float(np.mean([r["identical"] for r in recs])) if greedy else None,
                plain_batch_identical_fraction=_noise_fraction(run, recs),

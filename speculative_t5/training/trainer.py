@@ -299,11 +299,14 @@ def train(model_dir: str = gin.REQUIRED, data_dir: str = gin.REQUIRED,
                                init_from=init_from, run=run, **_fit_kwargs(locals()))
 
 
-def _outputs_key(teacher: Model, inputs: np.ndarray, length: int) -> str:
+def _outputs_key(teacher: Model, inputs: np.ndarray, length: int, temperature: float = 0.0,
+                 seed: int = 0) -> str:
     """What a cache of teacher outputs was made from: the teacher's weights, the inputs, the
-    length (sha256), so a cache left by another teacher or corpus is never mixed in."""
+    length and the sampling (sha256), so a cache left by another teacher, corpus or setting
+    is never mixed in."""
     import hashlib
-    h = hashlib.sha256(f"{length}\0{inputs.shape}\0".encode())
+    sampling = "" if temperature == 0 else f"T={temperature!r}\0seed={seed}\0"
+    h = hashlib.sha256(f"{length}\0{inputs.shape}\0{sampling}".encode())
     h.update(np.ascontiguousarray(inputs, np.int32).tobytes())
     for leaf in jax.tree_util.tree_leaves(teacher.params):
         h.update(np.asarray(leaf).tobytes())
@@ -311,17 +314,20 @@ def _outputs_key(teacher: Model, inputs: np.ndarray, length: int) -> str:
 
 
 def teacher_outputs(teacher: Model, inputs: np.ndarray, length: int, batch_size: int = 64,
-                    cache: Optional[str] = None, save_every: int = 64) -> np.ndarray:
-    """The teacher's greedy outputs for every input [N, length]. cache: an .npz written every
-    `save_every` batches (atomically), so a killed run continues where it stopped; one made
-    by another teacher or for other inputs is refused, not reused."""
+                    cache: Optional[str] = None, save_every: int = 64,
+                    temperature: float = 0.0, seed: int = 0) -> np.ndarray:
+    """The teacher's outputs for every input [N, length]: greedy, or sampled at `temperature`
+    (batch i drawn with fold_in(PRNGKey(seed), i), so a resumed run draws what it would
+    have). cache: an .npz written every `save_every` batches (atomically), so a killed run
+    continues where it stopped; one made by another teacher, for other inputs or with other
+    sampling is refused, not reused."""
     from speculative_t5.engine import generate
-    key, outs = _outputs_key(teacher, inputs, length), []
+    key, outs = _outputs_key(teacher, inputs, length, temperature, seed), []
     if cache and os.path.exists(cache):
         with np.load(cache) as saved:
             if str(saved["key"]) != key:
-                raise ValueError(f"{cache} holds the outputs of another teacher or other "
-                                 f"inputs: delete it or use another model_dir")
+                raise ValueError(f"{cache} holds the outputs of another teacher, other inputs "
+                                 f"or other sampling: delete it or use another model_dir")
             outs = [saved["outputs"]]
     done = len(outs[0]) if outs else 0
 
@@ -332,8 +338,9 @@ def teacher_outputs(teacher: Model, inputs: np.ndarray, length: int, batch_size:
 
     for n, i in enumerate(range(done, len(inputs), batch_size), 1):
         chunk = inputs[i:i + batch_size]
-        outs.append(np.asarray(generate(teacher, pad_rows(chunk, batch_size),
-                                        max_decode_len=length).tokens[:len(chunk)]))
+        rng = jax.random.fold_in(jax.random.PRNGKey(seed), i // batch_size)
+        outs.append(np.asarray(generate(teacher, pad_rows(chunk, batch_size), max_decode_len=length,
+                                        temperature=temperature, rng=rng).tokens[:len(chunk)]))
         if cache and (n % save_every == 0 or i + batch_size >= len(inputs)):
             save()
     return np.concatenate(outs).astype(np.int32) if outs else np.zeros((0, length), np.int32)
@@ -348,13 +355,19 @@ def distill(model_dir: str = gin.REQUIRED, teacher: str = gin.REQUIRED,
             checkpoint_every: int = 100, max_examples: Optional[int] = None,
             temperature: float = 1.0, export_dtype: str = "bfloat16",
             max_steps_per_run: Optional[int] = None, packages: bool = False,
-            target_weight: int = 1, task: str = "summarize", init_from: Optional[str] = None,
+            target_weight: int = 1, task: str = "summarize", vocab_file: Optional[str] = None,
+            sampled_outputs: int = 0, init_from: Optional[str] = None,
             restart: bool = False, quiet: bool = False) -> Model:
     """Train a draft to match a teacher: forward KL(p_teacher || q_draft) per token, on the
-    data's targets and on the teacher's own greedy outputs (what it will be asked to draft).
-    data_dir, task: the teacher's corpus (`prepare_data`). init_from, restart: as in `train`
-    (the teacher's weights are part of the run)."""
-    vocab = prepare_data(data_dir, vocab_size, packages, target_weight, task)
+    data's targets, on the teacher's own greedy outputs (what it will be asked to draft
+    greedily) and on `sampled_outputs` of its samples at temperature 1 per input (the
+    prefixes a sampled decode asks it to draft from). data_dir, task, vocab_file: the
+    teacher's corpus and vocabulary (`prepare_data`: a teacher shipped with its vocabulary
+    passes that file). init_from, restart: as in `train` (the teacher's weights are part of
+    the run)."""
+    if not isinstance(sampled_outputs, int) or sampled_outputs < 0:
+        raise ValueError(f"sampled_outputs must be an int >= 0, got {sampled_outputs!r}")
+    vocab = prepare_data(data_dir, vocab_size, packages, target_weight, task, vocab_file)
     teacher_model = load_checkpoint(teacher, dtype="float32")
     if teacher_model.config.vocab_size != config.vocab_size:
         raise ValueError(f"draft vocab_size {config.vocab_size} != teacher's "
@@ -362,20 +375,25 @@ def distill(model_dir: str = gin.REQUIRED, teacher: str = gin.REQUIRED,
     rows = read_split(data_dir, "train")[:max_examples]
     inputs = tokenize([r["input"] for r in rows], vocab, input_len)
     targets = tokenize([r["target"] for r in rows], vocab, target_len)
-    run = settings(locals(), SCHEDULE + T5_DATA + ["temperature"],
+    run = settings(locals(), SCHEDULE + T5_DATA + ["temperature", "sampled_outputs"],
                    data_sha256=sha256_of({"inputs": inputs, "targets": targets}),
                    teacher_sha256=sha256_of(teacher_model.params))
     with open_run(model_dir, "distill", run, restart, init_from, quiet):
-        generated = teacher_outputs(teacher_model, inputs, target_len,
-                                    cache=os.path.join(model_dir, "teacher_outputs.npz"))
+        generated = [teacher_outputs(teacher_model, inputs, target_len,
+                                     cache=os.path.join(model_dir, "teacher_outputs.npz"))]
+        for k in range(sampled_outputs):  # each its own cache and seed
+            generated.append(teacher_outputs(
+                teacher_model, inputs, target_len, temperature=1.0, seed=seed + 1 + k,
+                cache=os.path.join(model_dir, f"teacher_samples_{k}.npz")))
         return _distill(model_dir, config, teacher_model, inputs, targets, generated, vocab,
                         temperature, export_dtype, init_from, run, _fit_kwargs(locals()))
 
 
 def _distill(model_dir, config, teacher_model, inputs, targets, generated, vocab, temperature,
              export_dtype, init_from, run, fit_kw) -> Model:
-    data = {"inputs": np.concatenate([inputs, inputs]),
-            "targets": np.concatenate([targets, generated])}
+    """generated: the teacher's outputs for `inputs`, greedy then sampled ([N, T] each)."""
+    data = {"inputs": np.concatenate([inputs] * (1 + len(generated))),
+            "targets": np.concatenate([targets, *generated])}
     module, tmodule = T5(config), T5(teacher_model.config)
     tparams = teacher_model.params
 
