@@ -77,8 +77,11 @@ def test_every_config_parses_and_builds(rel, spm):
             assert cell.metric == tasks.TASKS[cell.task]["metric"]
         if rel.startswith("configs/paper/") and "11b" not in rel:  # the paper's XXL pairs
             assert cell.target.endswith("_XXL")
-            # the paper's own figures beside ours (it reports no beam search)
-            assert bool(cell.paper["alpha"] and cell.paper["speedup"]) == (not cell.beam_size)
+            # the paper's own figures beside ours (it reports no beam search, no trees)
+            assert bool(cell.paper["alpha"] and cell.paper["speedup"]) == (
+                not cell.beam_size and not cell.tree)
+        if "TREE" in text:  # a token-tree row: its depth is its gamma
+            assert cell.tree == (2, 2, 1, 1) and cell.gamma == 4 and cell.labels()["tree_nodes"] == 14
     finally:
         gin.clear_config()
 
