@@ -60,6 +60,7 @@ def test_summary_config_environment(tmp_path):
         assert "emb_dim = 64" in open(rd.write_config()).read()
     finally:
         gin.clear_config()
-    assert rd.write_environment()["jax"]
+    env = rd.write_environment()
+    assert env["jax"] and env["processor"]
     with pytest.raises(ValueError, match="no summary rows"):
         rd.write_summary([])

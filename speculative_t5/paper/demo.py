@@ -301,7 +301,7 @@ def _summary(greedy: Dict, sampled: Dict, sweeps: List[Dict], choices: Dict, out
                compile_seconds=greedy["compile_seconds"] + sampled["compile_seconds"]
                + sum(s["compile_seconds"] for s in sweeps),
                setup_ms={str(w): {k: 1e3 * t for k, t in s.items()} for w, s in costs.setup.items()},
-               device=f"{jax.devices()[0].platform} ({os.cpu_count()} cores)")
+               device=f"{jax.devices()[0].platform} ({os.cpu_count()} cores, {RunDir.processor()})")
     return out
 
 
