@@ -145,8 +145,8 @@ def _fresh(output_dir: str) -> None:
 
 @gin.configurable(denylist=["quiet"])
 def demo(output_dir: Optional[str] = None, num_examples: int = 32, gamma: Optional[int] = None,
-         temperature: float = 1.0, gammas: Sequence[int] = (1, 2, 3, 4, 6),
-         sweep_examples: int = 16, timing_rounds: Optional[int] = None, target: Optional[str] = None,
+         temperature: float = 1.0, gammas: Sequence[int] = (1, 2, 3, 4),
+         sweep_examples: int = 12, timing_rounds: Optional[int] = None, target: Optional[str] = None,
          draft: Optional[str] = None, vocab: Optional[str] = None, show: int = 3,
          family: str = "t5", drafts: bool = False, quiet: bool = False) -> Dict:
     """Run the demo; returns the summary also written to output_dir/summary.json (default
