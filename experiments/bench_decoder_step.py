@@ -1,9 +1,9 @@
 """Benchmark: cost of one decoder step over K = 1, 2, 4, 8 tokens (the verify pass of
 speculative decoding) relative to a one-token step, and the weight bandwidth it achieves.
 
-    python experiments/bench_decoder_step.py [--preset t5_1_1_base] [--batch 1] [--rounds 30]
+    python experiments/bench_decoder_step.py [--preset t5_1_1_base|demo] [--batch 1] [--rounds 30]
 
-Random weights, float32 on CPU. Times are medians over interleaved rounds (every K timed
+Random weights (or the shipped demo target's, `--preset demo`), float32 on CPU. Times are medians over interleaved rounds (every K timed
 once per round) so machine noise hits all K alike; ratios come from the same run.
 Weight bytes per step count the decoder parameters a step reads: every decoder kernel
 except the cross-attention key/value kernels (their outputs are cached per input), plus
@@ -25,7 +25,7 @@ from speculative_t5.measure.timing import decoder_step_bytes
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="t5_1_1_base")
+    p.add_argument("--preset", default="t5_1_1_base", help="a T5 preset, or 'demo' (the shipped target)")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--ks", default="1,2,4,8")
     p.add_argument("--input_len", type=int, default=64)
@@ -35,12 +35,16 @@ def main():
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
 
-    cfg = st.T5Config.preset(args.preset)
-    model = st.init_model(cfg, seed=0)
+    if args.preset == "demo":  # the shipped demo target, its trained weights
+        model = st.load_demo()[0]
+        cfg = model.config
+    else:
+        cfg = st.T5Config.preset(args.preset)
+        model = st.init_model(cfg, seed=0)
     ks = [int(k) for k in args.ks.split(",")]
     med = step_times({K: (model, K) for K in ks}, args.batch, args.input_len, args.max_len,
                      args.pos, args.rounds, warmup=3)
-    print(f"{args.preset} decoder step, random weights, {cfg.param_dtype}, batch {args.batch}, "
+    print(f"{args.preset} decoder step, {'trained' if args.preset == 'demo' else 'random'} weights, {cfg.param_dtype}, batch {args.batch}, "
           f"cache {args.max_len}, position {args.pos}, {jax.devices()[0].platform} "
           f"({os.cpu_count()} cores, {platform.processor() or platform.machine()}), "
           f"median of {args.rounds} interleaved rounds")
