@@ -14,13 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 
 import jax
 
 import speculative_t5 as st
 from speculative_t5.calibration import step_times
 from speculative_t5.measure.timing import decoder_step_bytes
+from speculative_t5.paper.rundir import RunDir
 
 
 def main():
@@ -46,7 +46,7 @@ def main():
                      args.pos, args.rounds, warmup=3)
     print(f"{args.preset} decoder step, {'trained' if args.preset == 'demo' else 'random'} weights, {cfg.param_dtype}, batch {args.batch}, "
           f"cache {args.max_len}, position {args.pos}, {jax.devices()[0].platform} "
-          f"({os.cpu_count()} cores, {platform.processor() or platform.machine()}), "
+          f"({os.cpu_count()} cores, {RunDir.processor()}), "
           f"median of {args.rounds} interleaved rounds")
     print(f"{'K':>3} {'ms/step':>9} {'ratio to K=1':>13} {'ms/token':>9} {'weights MB':>11} {'GB/s':>7}")
     rows = []

@@ -386,6 +386,10 @@ def test_gamma_sweep(tmp_path, pair, spm):
     assert trees["tree"] == "2,1" and trees["gamma"] == 2 and trees["v"] is None
     assert 1 <= trees["tokens_per_target_call"] <= 3
     assert trees["tree_nodes"] == 4  # 2 + 2 nodes a round, checked in one target call
+    for cell in (adaptive, tree):  # a compile report prices a fixed gamma's chain
+        with pytest.raises(ValueError, match="compile report prices rounds of a fixed gamma"):
+            paper.run("walltime_table", [cell], str(tmp_path / "tpu"), quiet=True,
+                      bindings=[f"walltime_cell.tpu_report = '{tmp_path / 'none.json'}'"])
     with pytest.raises(ValueError, match="decodes with adaptive gamma: gamma_sweep times fixed"):
         paper.run("gamma_sweep", [adaptive], str(tmp_path / "adaptive_sweep"), quiet=True)
     with pytest.raises(ValueError, match=r"decodes a token tree \(2, 1\): gamma_sweep times"):

@@ -182,7 +182,7 @@ def test_distillation_raises_alpha(corpus_dir, tmp_path):
     before = training.distill(model_dir=str(tmp_path / "d0"), steps=1, **kw)
     # on the data, the teacher's greedy outputs and one sample of it per input
     after = training.distill(model_dir=str(tmp_path / "d1"), steps=60, sampled_outputs=1, **kw)
-    assert np.load(str(tmp_path / "d1" / "teacher_samples_0.npz"))["outputs"].shape == (48, 10)
+    assert np.load(str(tmp_path / "d1" / "teacher_samples" / "0.npz"))["outputs"].shape == (48, 10)
     with pytest.raises(ValueError, match="sampled_outputs=1, now 0"):  # another run's directory
         training.distill(model_dir=str(tmp_path / "d1"), steps=60, **kw)
     with pytest.raises(ValueError, match="sampled_outputs must be an int >= 0"):

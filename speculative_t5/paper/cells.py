@@ -20,6 +20,7 @@ import numpy as np
 from speculative_t5.data import Vocabulary, bucket, pad_to, read_inputs, truncate
 from speculative_t5.decoding import SamplingConfig
 from speculative_t5.decoding.sampling import check_verification
+from speculative_t5.decoding.trees import TreeShape
 from speculative_t5.partitioning import Partitioner
 
 Example = Dict[str, Any]  # {id, inputs: [int] (EOS-terminated), input_text, reference}
@@ -123,7 +124,7 @@ class Cell:
                 **({"beam_size": self.beam_size} if self.beam_size else {}),
                 **({"adaptive_gamma": True} if self.adaptive_gamma else {}),
                 **({"tree": ",".join(map(str, self.tree)), "tree_children": self.tree_children,
-                    "tree_nodes": int(np.sum(np.cumprod(self.tree)))}  # checked a target call
+                    "tree_nodes": TreeShape(self.tree).num_nodes - 1}  # checked a target call
                    if self.tree else {})}
 
 
@@ -210,8 +211,7 @@ def _check_tree(name, tree, tree_children, draft, verification, adaptive_gamma, 
         raise ValueError(f"cell {name}: tree does not combine with beam search (beam_size "
                          f"{beam_size}: it drafts its own beams)")
     try:
-        shape = check_tree(tuple(tree) if isinstance(tree, (list, tuple)) else tree,
-                           tree_children, draft, verification, 1.0, None, adaptive_gamma,
+        shape = check_tree(tree, tree_children, draft, verification, 1.0, None, adaptive_gamma,
                            names_a_model(draft))
     except (TypeError, ValueError) as e:
         raise ValueError(f"cell {name}: {e}") from None

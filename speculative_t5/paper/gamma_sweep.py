@@ -126,11 +126,13 @@ def summarize(cell: Cell, run: RunDir, gammas: List[int], adaptive: bool = False
         return max(rows, key=lambda r: r[key])
     labels = cell.labels()
     labels.pop("gamma")
+    adaptive_row = None
     if adaptive:
         spec = combine([r["spec"]["adaptive"] for r in recs])
-        adaptive = {"max_gamma": max(gammas), "tokens_per_target_call": spec["tokens_per_target_call"],
-                    "speedup_measured": t_plain / sum(r["seconds"]["adaptive"] for r in recs)}
-    return dict(labels, **alpha, c=c, c_hat=c_hat, adaptive=adaptive or None,
+        adaptive_row = {"max_gamma": max(gammas),
+                        "tokens_per_target_call": spec["tokens_per_target_call"],
+                        "speedup_measured": t_plain / sum(r["seconds"]["adaptive"] for r in recs)}
+    return dict(labels, **alpha, c=c, c_hat=c_hat, adaptive=adaptive_row,
                 best_gamma_measured=best("speedup_measured")["gamma"],
                 best_speedup_measured=best("speedup_measured")["speedup_measured"],
                 best_gamma_predicted_full=best("speedup_predicted_full")["gamma"],

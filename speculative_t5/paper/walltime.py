@@ -59,15 +59,15 @@ def walltime_cell(cell: Cell, run: RunDir, timing_rounds: int = 20, t5x_baseline
 def read_tpu_report(path: str, cell: Cell) -> Dict[str, Any]:
     """A `compile --json` report, checked to describe this cell's decode (batch 1, its gamma
     and max_decode_len): anything else is refused in one line."""
+    if cell.adaptive_gamma or cell.tree:
+        raise ValueError(f"walltime_cell.tpu_report: cell {cell.name} decodes with "
+                         f"{'adaptive gamma' if cell.adaptive_gamma else 'a token tree'}, and a "
+                         f"compile report prices rounds of a fixed gamma's chain")
     try:
         with open(path) as f:
             report = json.load(f)
     except (OSError, ValueError) as e:
         raise ValueError(f"walltime_cell.tpu_report: cannot read {path}: {e}") from None
-    if cell.adaptive_gamma or cell.tree:
-        raise ValueError(f"walltime_cell.tpu_report: cell {cell.name} decodes with "
-                         f"{'adaptive gamma' if cell.adaptive_gamma else 'a token tree'}, and a "
-                         f"compile report prices rounds of a fixed gamma's chain")
     need = ("topology", "batch", "gamma", "max_decode_len", "parts", "c", "v")
     if not isinstance(report, dict) or any(k not in report for k in need):
         raise ValueError(f"walltime_cell.tpu_report: {path} is not a `speculative-t5 compile "

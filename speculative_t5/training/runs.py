@@ -19,8 +19,7 @@ from speculative_t5.locks import hold, move_aside
 RUN_CONFIG = "run_config.json"
 # everything a trainer writes in its model_dir, moved aside together on restart
 WRITTEN = ("checkpoints", "model", "hf", "train_log.json", RUN_CONFIG, "config.json",
-           "teacher_outputs.npz", "teacher_outputs.npz.tmp.npz",
-           *(f"teacher_samples_{k}.npz{tmp}" for k in range(8) for tmp in ("", ".tmp.npz")))
+           "teacher_outputs.npz", "teacher_outputs.npz.tmp.npz", "teacher_samples")
 
 
 def sha256_of(tree: Any) -> str:

@@ -381,10 +381,12 @@ def distill(model_dir: str = gin.REQUIRED, teacher: str = gin.REQUIRED,
     with open_run(model_dir, "distill", run, restart, init_from, quiet):
         generated = [teacher_outputs(teacher_model, inputs, target_len,
                                      cache=os.path.join(model_dir, "teacher_outputs.npz"))]
-        for k in range(sampled_outputs):  # each its own cache and seed
+        samples = os.path.join(model_dir, "teacher_samples")  # sample k: its own cache and seed
+        os.makedirs(samples, exist_ok=True)
+        for k in range(sampled_outputs):
             generated.append(teacher_outputs(
                 teacher_model, inputs, target_len, temperature=1.0, seed=seed + 1 + k,
-                cache=os.path.join(model_dir, f"teacher_samples_{k}.npz")))
+                cache=os.path.join(samples, f"{k}.npz")))
         return _distill(model_dir, config, teacher_model, inputs, targets, generated, vocab,
                         temperature, export_dtype, init_from, run, _fit_kwargs(locals()))
 
