@@ -236,7 +236,7 @@ class RunDir:
     @staticmethod
     def processor() -> str:
         """The CPU's model name (/proc/cpuinfo on Linux): CPU timings depend on it -- the
-        demo target's 5-token verify pass cost 2.0 one-token steps on an AMD EPYC (AVX2)
+        demo target's 5-token verify pass cost 2.0-2.2 one-token steps on an AMD EPYC (AVX2)
         here and 1.3 in a run on another machine, which moves a measured speedup more
         than the draft does."""
         try:
