@@ -6,10 +6,12 @@ beside the paper's measured 3.4x / 3.1x -- compiled with no TPU attached
 (`speculative-t5 compile`, libtpu), so the compiler's figures, not walltime.
 
     python experiments/tpu_table.py [--output runs/tpu_table.jsonl] [--parts_only]
+        [--parameter_layouts compiler|default]
 
-Each configuration (topology, num_partitions, batch) is one JSON line in --output, written
-when it finishes; a rerun skips the lines already there (a compile of the whole XXL decode
-takes minutes on 2 cores). Prints the markdown table of every line in the file."""
+Each configuration (topology, num_partitions, batch, parameter layouts, parts only or not)
+is one JSON line in --output, written when it finishes; a rerun skips the lines already
+there (a compile of the whole XXL decode takes minutes on 2 cores). Prints the markdown
+table of every line in the file (rows with row-major parameters say so)."""
 import argparse
 import json
 import os
@@ -26,11 +28,11 @@ PAPER = {"EnDe T=0 (alpha 0.75, gamma 7)": (0.75, 7, 3.4),
 GiB = 1 << 30
 
 
-def key(topology, partitions, batch):
-    return f"{topology}/{partitions}/{batch}"
+def key(topology, partitions, batch, layouts, parts_only):
+    return f"{topology}/{partitions}/{batch}/{layouts}" + ("/parts" if parts_only else "")
 
 
-def run(output, parts_only):
+def run(output, parts_only, layouts):
     done = set()
     if os.path.exists(output):
         with open(output) as f:
@@ -38,19 +40,27 @@ def run(output, parts_only):
     target = st.T5Config.preset("t5_1_1_xxl").replace(param_dtype="bfloat16", dtype="bfloat16")
     draft = st.T5Config.preset("t5_1_1_small").replace(param_dtype="bfloat16", dtype="bfloat16")
     for topology, partitions, batch in CONFIGS:
-        k = key(topology, partitions, batch)
+        k = key(topology, partitions, batch, layouts, parts_only)
         if k in done:
             continue
         try:
             r = tpu_compile.compile_report(target, draft, topology, partitions, batch, 512,
-                                           128, 7, 0.75, whole=not parts_only)
+                                           128, 7, 0.75, whole=not parts_only,
+                                           parameter_layouts=layouts)
         except ValueError as e:  # does not fit: the row says so
             r = {"topology": topology, "batch": batch, "mesh": {"data": 1, "model": partitions},
-                 "error": str(e)}
+                 "parameter_layouts": layouts, "error": str(e)}
         with open(output, "a") as f:
             f.write(json.dumps({"key": k, **r}) + "\n")
         print(f"{k}: {r.get('error') or 'compiled in %.0f s' % r['compile_seconds']}",
               flush=True)
+
+
+def label(r):
+    """A row's chips and mesh, and 'row-major' where its parameters kept that layout."""
+    mesh = f"{r['mesh']['data']} x {r['mesh']['model']}"
+    return (f"{r['topology']} ({r['num_devices']}), {mesh}"
+            + (", row-major" if r.get("parameter_layouts") == "default" else ""))
 
 
 def table(output):
@@ -70,8 +80,7 @@ def table(output):
         preds = " | ".join(f"{walltime_improvement(a, g, r['c'], r['v']):.2f}x ({x}x)"
                            for a, g, x in PAPER.values())
         lines.append(
-            f"| {r['topology']} ({r['num_devices']}), {r['mesh']['data']} x {r['mesh']['model']} "
-            f"| {r['batch']} | {mem} / {r['plan_total_bytes'] / GiB:.2f} | "
+            f"| {label(r)} | {r['batch']} | {mem} / {r['plan_total_bytes'] / GiB:.2f} | "
             f"{p['target_step']['hbm_bytes'] / 1e9:.2f} / {p['verify']['hbm_bytes'] / 1e9:.2f} "
             f"({r['ideal_step_bytes']['target_step'] / 1e9:.2f}) | "
             f"{p['target_step']['roofline_ms']:.2f} / {p['verify']['roofline_ms']:.2f} / "
@@ -87,8 +96,7 @@ def table(output):
             continue
         x, h = r["in_loop"], {n: p["hbm_bytes"] for n, p in r["programs"].items()}
         lines.append(
-            f"| {r['topology']} ({r['num_devices']}), {r['mesh']['data']} x {r['mesh']['model']} "
-            f"| {r['batch']} | {x['target_step_hbm_bytes'] / 1e9:.2f} | "
+            f"| {label(r)} | {r['batch']} | {x['target_step_hbm_bytes'] / 1e9:.2f} | "
             f"{x['round_hbm_bytes'] / 1e9:.2f} | {x['draft_step_hbm_bytes'] / 1e9:.3f} | "
             f"{h['plain_decode']['copies_per_iteration'] / 1e9:.3f} / "
             f"{h['speculative_decode']['copies_per_iteration'] / 1e9:.3f} | {x['c']:.3f} | "
@@ -102,7 +110,9 @@ if __name__ == "__main__":
     parser.add_argument("--output", default="runs/tpu_table.jsonl")
     parser.add_argument("--parts_only", action="store_true",
                         help="compile the parts alone (no whole-decode memory; faster)")
+    parser.add_argument("--parameter_layouts", choices=("compiler", "default"),
+                        default="compiler", help="the parameters' layouts (st.Partitioner's)")
     args = parser.parse_args()
     os.makedirs(os.path.dirname(args.output) or ".", exist_ok=True)
-    run(args.output, args.parts_only)
+    run(args.output, args.parts_only, args.parameter_layouts)
     print(table(args.output))

@@ -23,6 +23,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from speculative_t5 import layouts
 from speculative_t5.model.api import Model, param_axes, param_shapes
 from speculative_t5.model.config import T5Config
 
@@ -34,6 +35,7 @@ STANDARD_RULES: Tuple[Tuple[str, Optional[str]], ...] = (
     ("abspos_buckets", None), ("length", None), ("layers", None), ("stack", None),
     ("mlp_activations", None))
 DRAFT_MODES = ("replicated", "partitioned")
+LAYOUT_MODES = ("compiler", "default")
 
 
 def _mesh_devices(devices: Sequence[Any], num_partitions: int) -> np.ndarray:
@@ -59,12 +61,16 @@ class Partitioner:
         the product of its entries (give one or the other).
     logical_axis_rules: (logical name, mesh axis or None) pairs; default T5X's standard rules.
     draft: 'replicated' (every device holds the whole draft: the usual choice for a small
-        draft) or 'partitioned' (sliced over 'model' like the target)."""
+        draft) or 'partitioned' (sliced over 'model' like the target).
+    parameter_layouts: 'compiler' (parameters placed in the layouts the compiler asks for,
+        `layouts.compiler_layouts`: on a TPU the decode then copies no weight into another
+        layout; CPUs keep row-major) or 'default' (row-major everywhere)."""
 
     def __init__(self, num_partitions: Optional[int] = None,
                  model_parallel_submesh: Optional[Sequence[int]] = None,
                  logical_axis_rules: Optional[Sequence[Tuple[str, Optional[str]]]] = None,
-                 draft: str = "replicated", devices: Optional[Sequence[Any]] = None):
+                 draft: str = "replicated", devices: Optional[Sequence[Any]] = None,
+                 parameter_layouts: str = "compiler"):
         devices = list(jax.devices() if devices is None else devices)
         if model_parallel_submesh is not None:
             sub = tuple(int(x) for x in model_parallel_submesh)
@@ -89,8 +95,13 @@ class Partitioner:
             if axis not in (None, "data", "model"):
                 raise ValueError(f"logical axis rule ({name!r}, {axis!r}): the mesh axes are "
                                  "'data' and 'model'")
+        if parameter_layouts not in LAYOUT_MODES:
+            raise ValueError(f"parameter_layouts must be one of {LAYOUT_MODES}, got "
+                             f"{parameter_layouts!r}")
         self.num_partitions = int(num_partitions)
         self.draft = draft
+        self.parameter_layouts = parameter_layouts
+        self._formats = {}  # (config, role) -> the parameter tree's formats
         self.mesh = Mesh(_mesh_devices(devices, self.num_partitions), ("data", "model"))
 
     @property
@@ -99,7 +110,7 @@ class Partitioner:
 
     def _key(self):
         return (tuple(d.id for d in self.mesh.devices.flat), self.mesh.devices.shape, self.rules,
-                self.draft)
+                self.draft, self.parameter_layouts)
 
     def __eq__(self, other):
         return isinstance(other, Partitioner) and self._key() == other._key()
@@ -145,10 +156,29 @@ class Partitioner:
         return jax.tree_util.tree_map_with_path(
             one, axes, shapes, is_leaf=lambda x: isinstance(x, PartitionSpec))
 
+    def param_formats(self, config: T5Config, role: str = "target"):
+        """Where and how each parameter is placed: its NamedSharding, or a
+        `jax.experimental.layout.Format` (sharding + layout) where the compiler asks for a
+        layout other than row-major (`parameter_layouts='compiler'`; found once per config
+        and role by compiling a small probe, none on CPUs)."""
+        shardings = self.param_shardings(config, role)
+        if self.parameter_layouts == "default":
+            return shardings
+        key = (config, role)
+        if key not in self._formats:
+            try:
+                found = layouts.compiler_layouts(config, self, role)
+                self._formats[key] = layouts.with_layouts(shardings, found)
+            except Exception as e:  # the compiler's own errors: a performance loss only
+                layouts.probe_failed(e)
+                self._formats[key] = shardings
+        return self._formats[key]
+
     def shard(self, model: Model, role: str = "target") -> Model:
-        """`model` with every parameter placed in its shards (a no-op when already placed)."""
-        shardings = self.param_shardings(model.config, role)
-        return Model(model.config, jax.tree_util.tree_map(jax.device_put, model.params, shardings))
+        """`model` with every parameter placed in its shards and layouts (a no-op for those
+        already placed so)."""
+        formats = self.param_formats(model.config, role)
+        return Model(model.config, jax.tree_util.tree_map(jax.device_put, model.params, formats))
 
     def check(self, model: Model, role: str = "target") -> None:
         """Raise unless `model`'s parameters are placed as this partitioner places them."""

@@ -5,7 +5,7 @@ import os
 
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "speculative_t5")
 # lowest first; one layer may hold several independent packages
-LAYERS = [{"model", "decoding", "data", "locks"}, {"partitioning"}, {"checkpoints"}, {"calibration"},
+LAYERS = [{"model", "decoding", "data", "locks"}, {"layouts"}, {"partitioning"}, {"checkpoints"}, {"calibration"},
           {"engine"}, {"beam_engine"}, {"measure"},
           {"training"}, {"paper"}, {"commands"}]
 

@@ -13,7 +13,10 @@ import os
 import subprocess
 import sys
 
+import jax
+import numpy as np
 import pytest
+from flax import traverse_util
 
 import speculative_t5 as st
 from helpers import run_processes, tiny_config, train_sentencepiece
@@ -103,11 +106,57 @@ def test_partitioner_options_are_checked():
         st.Partitioner(draft="sharded")
     with pytest.raises(ValueError, match="the mesh axes are 'data' and 'model'"):
         st.Partitioner(logical_axis_rules=[("batch", "replica")])
+    with pytest.raises(ValueError, match="parameter_layouts must be one of"):
+        st.Partitioner(parameter_layouts="auto")
     with pytest.raises(TypeError, match="partitioner must be a speculative_t5.Partitioner"):
         st.generate(st.init_model(tiny_config(), 0), [[3, 4]], partitioner=2)
     p = st.Partitioner()
     assert p == st.Partitioner() and hash(p) == hash(st.Partitioner())
     assert tuple(p.spec(("batch", "length", "heads", "kv"))) == ("data", None, "model", None)
+
+
+def test_parameters_are_placed_in_the_layouts_the_compiler_asks_for(monkeypatch, tmp_path):
+    """parameter_layouts='compiler' (the default): loading (orbax and safetensors) and
+    `generate` place each parameter in the layout `layouts.compiler_layouts` returns -- on a
+    TPU the compiler's answer; a CPU keeps row-major, so a stand-in asks for every 2-D
+    kernel column-major here -- and the decode reads them so: the same tokens, sampled at
+    T = 1 over padded rows, as row-major parameters; 'default' keeps row-major."""
+    from jax.experimental.layout import Layout
+    from speculative_t5 import layouts
+
+    def column_major(config, partitioner, role):
+        return jax.tree_util.tree_map(
+            lambda s: Layout(major_to_minor=(1, 0)) if len(s.shape) == 2 else None,
+            st.param_shapes(config))
+    monkeypatch.setattr(layouts, "compiler_layouts", column_major)
+    target = st.init_model(tiny_config(), seed=0)
+    draft = st.init_model(tiny_config(num_decoder_layers=1), seed=1)
+    st.save_checkpoint(target, str(tmp_path / "native"))
+    st.export_hf(draft, str(tmp_path / "hf"))
+    p = st.Partitioner()
+    query = ("decoder", "layers_0", "self_attention", "query", "kernel")
+
+    def layout(model):
+        x = model.params
+        for k in query:
+            x = x[k]
+        return tuple(x.format.layout.major_to_minor)
+    loaded = st.load_checkpoint(str(tmp_path / "native"), partitioner=p)
+    loaded_draft = st.load_checkpoint(str(tmp_path / "hf"), partitioner=p, role="draft")
+    assert layout(loaded) == layout(loaded_draft) == (1, 0)
+    assert layout(p.shard(target)) == (1, 0) and layout(target) == (0, 1)
+    assert layouts.relaid(p.param_formats(target.config)) == [
+        "/".join(k) for k, _ in sorted(traverse_util.flatten_dict(
+            st.param_shapes(target.config)).items()) if len(_.shape) == 2]
+    ids = np.array([[5, 6, 7, 8, 1], [9, 10, 1, 0, 0]], np.int32)
+    kw = dict(gamma=3, max_decode_len=12, temperature=1.0, rng=jax.random.PRNGKey(3))
+    want = st.generate(target, ids, draft=draft, **kw).tokens
+    np.testing.assert_array_equal(st.generate(loaded, ids, draft=loaded_draft, partitioner=p,
+                                              **kw).tokens, want)
+    np.testing.assert_array_equal(st.generate(target, ids, draft=draft, partitioner=p,
+                                              **kw).tokens, want)
+    row_major = st.Partitioner(parameter_layouts="default")
+    assert layout(row_major.shard(target)) == (0, 1) and row_major != p
 
 
 # multi-process -------------------------------------------------------------------------

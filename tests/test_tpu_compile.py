@@ -69,6 +69,14 @@ def test_tiny_t5_parts_compile_for_v4_8(v4_8):
     assert r["tree_verify_over_step"] == pytest.approx(
         tree["roofline_ms"] / r["parts"]["target_step"]["roofline_ms"])
     assert "a token tree (3, 2, 1) (15 nodes)" in tpu_compile.format_report(r)
+    # parameters in the layouts the compiler asks for in a verify-sized step (as a decode on
+    # the TPU places them): the decoder's projections; the encoder's stay row-major
+    relaid = r["relaid_parameters"]
+    assert r["parameter_layouts"] == "compiler"
+    assert "decoder/layers_0/self_attention/query/kernel" in relaid["target"]
+    assert all(path.startswith("decoder/") for paths in relaid.values() for path in paths)
+    assert (f"parameter layouts: the compiler's (target {len(relaid['target'])} relaid"
+            in tpu_compile.format_report(r))
 
 
 @pytest.mark.slow

@@ -136,6 +136,17 @@ def flat_shardings(partitioner, config: ModelConfig, role: str) -> Dict[str, Any
     return traverse_util.flatten_dict(partitioner.param_shardings(config, role), sep="/")
 
 
+def flat_formats(partitioner, config: ModelConfig, role: str) -> Dict[str, Any]:
+    """{path: NamedSharding or Format}: `Partitioner.param_formats`, flattened."""
+    return traverse_util.flatten_dict(partitioner.param_formats(config, role), sep="/")
+
+
+def lay_out(x: jax.Array, placement) -> jax.Array:
+    """x moved into `placement`'s layout when it is a Format (one tensor at a time, so a
+    load never holds a second copy of the model); a no-op for a sharding."""
+    return x if isinstance(placement, jax.sharding.Sharding) else jax.device_put(x, placement)
+
+
 def place(shape: tuple, sharding, read: Callable[[tuple], Any], dtype, source: str,
           name: str) -> jax.Array:
     """One parameter built on its devices from `read(index)`, which returns the checkpoint's
@@ -164,9 +175,10 @@ def build_sharded(config: ModelConfig, flat: Mapping[str, Any], source: str,
     names = names or {}
     shardings = flat_shardings(partitioner, config, role)
     check_shapes(config, {k: tuple(v.shape) for k, v in flat.items()}, source, names, shardings)
+    formats = flat_formats(partitioner, config, role)
     dtype = np.dtype(config.jnp_param_dtype)
-    out = {key: place(shape, shardings[key], slice_reader(flat[key]), dtype, source,
-                      names.get(key, key))
+    out = {key: lay_out(place(shape, shardings[key], slice_reader(flat[key]), dtype, source,
+                              names.get(key, key)), formats[key])
            for key, shape in expected_shapes(config).items()}
     return Model(config, traverse_util.unflatten_dict(out, sep="/"))
 
@@ -212,9 +224,11 @@ def restore_orbax(directory: str, config: ModelConfig, declared: Mapping[str, Tu
                               f"({type(e).__name__}: {e})") from None
     for key in prefix:
         tree = tree[key]
-    for key, x in traverse_util.flatten_dict(tree, sep="/").items():
-        check_finite(x, directory, key)
-    return Model(config, tree)
+    flat, formats = traverse_util.flatten_dict(tree, sep="/"), flat_formats(partitioner, config, role)
+    for key in list(flat):
+        check_finite(flat[key], directory, key)
+        flat[key] = lay_out(flat.pop(key), formats[key])
+    return Model(config, traverse_util.unflatten_dict(flat, sep="/"))
 
 
 def flat_params(model: Model) -> Dict[str, np.ndarray]:

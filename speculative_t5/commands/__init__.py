@@ -197,6 +197,9 @@ COMMANDS: Dict[str, Command] = {
          ("--hlo_dir", dict(help="also write each program's optimised HLO there")),
          ("--tree", dict(help="also a target pass over a token tree of this shape (e.g. "
                          "3,2,1): its cost in target steps")),
+         ("--parameter_layouts", dict(choices=("compiler", "default"), help="parameters in "
+                                      "the layouts the compiler asks for (default, as a decode "
+                                      "places them) or row-major")),
          ("--json", dict(dest="as_json", action="store_true", default=None,
                          help="print every number as one JSON object"))),
         "--target (or the gin binding compile.target)"),

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 
 from speculative_t5.decoding.trees import TreeNodes, TreeShape
 from speculative_t5.engine import _generate, cache_positions
+from speculative_t5.layouts import relaid
 from speculative_t5.measure.analysis import expected_tokens_per_call, walltime_improvement
 from speculative_t5.measure.costs import Costs
 from speculative_t5.measure.hlo import hbm_bytes, loop_bytes
@@ -96,8 +97,9 @@ def tpu_devices(name: str):
 
 # -- abstract inputs -------------------------------------------------------------------------
 def abstract_model(config, partitioner: Partitioner, role: str) -> Model:
-    """A Model whose parameters are ShapeDtypeStructs placed as `partitioner` places them."""
-    shapes, shardings = param_shapes(config), partitioner.param_shardings(config, role)
+    """A Model whose parameters are ShapeDtypeStructs placed as `partitioner` places them:
+    shards and, with `parameter_layouts='compiler'`, the layouts the compiler asks for."""
+    shapes, shardings = param_shapes(config), partitioner.param_formats(config, role)
     params = jax.tree_util.tree_map(
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
     return Model(config, params)
@@ -244,7 +246,7 @@ def compile_report(target_config, draft_config, topology: str = "v4-8", num_part
                    batch: int = 1, input_length: int = 512, max_decode_len: int = 128,
                    gamma: int = 4, alpha: float = 0.7, draft_partitioning: str = "replicated",
                    whole: bool = True, hlo_dir: Optional[str] = None,
-                   tree=None) -> Dict[str, Any]:
+                   tree=None, parameter_layouts: str = "compiler") -> Dict[str, Any]:
     """Compile a decode's programs for `topology` and report what the compiler says, beside
     `plan`'s arithmetic for the same settings. hlo_dir: also write each program's optimised
     HLO there (NAME.hlo.txt), to read what the figures come from. tree: children per depth:
@@ -256,13 +258,14 @@ def compile_report(target_config, draft_config, topology: str = "v4-8", num_part
     planned = plan(target_config, draft_config, num_partitions, len(devices), batch,
                    input_length, max_decode_len, gamma, draft_partitioning, alpha)
     check_fits(planned, t.chip)
-    p = Partitioner(num_partitions=num_partitions, draft=draft_partitioning, devices=devices)
+    p = Partitioner(num_partitions=num_partitions, draft=draft_partitioning, devices=devices,
+                    parameter_layouts=parameter_layouts)
     batch = planned["batch"]  # padded to a multiple of 'data', as generate pads it
-    target = abstract_model(target_config, p, "target")
-    draft = None if draft_config is None else abstract_model(draft_config, p, "draft")
     start, cache = time.monotonic(), jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)  # no client to load TPU programs
     try:
+        target = abstract_model(target_config, p, "target")  # the layout probes compile here
+        draft = None if draft_config is None else abstract_model(draft_config, p, "draft")
         compiled = compile_parts(target, draft, p, batch, input_length, max_decode_len, gamma,
                                  whole, tree)
     finally:
@@ -281,6 +284,11 @@ def compile_report(target_config, draft_config, topology: str = "v4-8", num_part
               "mesh": {"data": p.data_size, "model": p.num_partitions},
               "batch": batch, "input_length": input_length, "max_decode_len": max_decode_len,
               "gamma": gamma, "alpha": alpha, "compile_seconds": seconds,
+              "parameter_layouts": parameter_layouts,
+              "relaid_parameters": {role: relaid(p.param_formats(config, role))
+                                    for role, config in (("target", target_config),
+                                                         ("draft", draft_config))
+                                    if config is not None},
               "memory_per_device_bytes": None if main is None else memory(main),
               "programs": {name: {"memory_per_device_bytes": memory(c),
                                   "hbm_bytes": loop_bytes(texts[name])}
@@ -319,7 +327,12 @@ def format_report(r: Dict[str, Any]) -> str:
     lines = [f"{r['topology']} ({r['num_devices']} devices, mesh data {r['mesh']['data']} x "
              f"model {r['mesh']['model']}): batch {r['batch']}, input {r['input_length']}, "
              f"max_decode_len {r['max_decode_len']}, gamma {r['gamma']}; compiled in "
-             f"{r['compile_seconds']:.0f} s", "", "memory per device (GiB)      arguments  "
+             f"{r['compile_seconds']:.0f} s",
+             "parameter layouts: " + ("row-major" if r["parameter_layouts"] == "default" else
+                                      "the compiler's (" + ", ".join(
+                                          f"{role} {len(paths)} relaid" for role, paths in
+                                          r["relaid_parameters"].items()) + ")"),
+             "", "memory per device (GiB)      arguments  "
              "temporaries  outputs   total"]
     for name, prog in r["programs"].items():
         m = prog["memory_per_device_bytes"]
@@ -363,7 +376,8 @@ def compile_command(target: str = gin.REQUIRED, draft: Optional[str] = None,
                     dtype: Optional[str] = None, activation_dtype: Optional[str] = None,
                     draft_partitioning: str = "replicated", alpha: float = 0.7,
                     parts_only: bool = False, hlo_dir: Optional[str] = None,
-                    as_json: bool = False, tree: Any = None) -> Dict[str, Any]:
+                    as_json: bool = False, tree: Any = None,
+                    parameter_layouts: str = "compiler") -> Dict[str, Any]:
     """`speculative-t5 compile`: print the report (a table, or JSON with --json)."""
     activation_dtype = activation_dtype or dtype  # on a TPU activations follow the weights
     overrides = {k: v for k, v in (("param_dtype", dtype), ("dtype", activation_dtype)) if v}
@@ -378,7 +392,8 @@ def compile_command(target: str = gin.REQUIRED, draft: Optional[str] = None,
         raise ValueError("--tree needs --draft (a tree is verified against a draft's guesses)")
     report = compile_report(target_config, draft_config, topology, num_partitions, batch,
                             input_length, max_decode_len, gamma, alpha, draft_partitioning,
-                            whole=not parts_only, hlo_dir=hlo_dir, tree=tree)
+                            whole=not parts_only, hlo_dir=hlo_dir, tree=tree,
+                            parameter_layouts=parameter_layouts)
     if as_json:
         print(json.dumps({"target_name": target, "draft_name": draft, **report}, indent=2))
     else:
