@@ -32,8 +32,9 @@ PROBE_POSITIONS = 48   # cache positions of the probe
 
 def compiler_layouts(config, partitioner, role: str) -> Any:
     """The parameter tree's layouts (`jax.experimental.layout.Layout`) that the compiler
-    asks for in a step over `PROBE_TOKENS` tokens (a verify pass) when `partitioner` places
-    the parameters (as `role`), the rows and the cache. None for a parameter the step does
+    asks for in a step over `PROBE_TOKENS` tokens (a verify pass) of
+    `partitioner.layout_batch` rows per model copy, when `partitioner` places the
+    parameters (as `role`), the rows and the cache. None for a parameter the step does
     not read (the encoder's: the set-up reads them once, row-major as stored), and for all
     on CPUs (row-major there). Compiles one small program, allocates nothing."""
     shardings = partitioner.param_shardings(config, role)
@@ -43,7 +44,7 @@ def compiler_layouts(config, partitioner, role: str) -> Any:
     params = jax.tree_util.tree_map(
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
         param_shapes(config), shardings)
-    B = partitioner.data_size
+    B = partitioner.data_size * partitioner.layout_batch
     ids = jax.ShapeDtypeStruct((B, PROBE_INPUT), jnp.int32)
 
     def setup(params, ids):

@@ -62,15 +62,18 @@ class Partitioner:
     logical_axis_rules: (logical name, mesh axis or None) pairs; default T5X's standard rules.
     draft: 'replicated' (every device holds the whole draft: the usual choice for a small
         draft) or 'partitioned' (sliced over 'model' like the target).
-    parameter_layouts: 'compiler' (parameters placed in the layouts the compiler asks for,
-        `layouts.compiler_layouts`: on a TPU the decode then copies no weight into another
-        layout; CPUs keep row-major) or 'default' (row-major everywhere)."""
+    parameter_layouts: 'compiler' (parameters placed in the layouts the compiler asks for
+        in a verify pass of `layout_batch` rows per model copy, `layouts.compiler_layouts`:
+        on a TPU a decode of that batch then copies no weight into another layout; CPUs
+        keep row-major) or 'default' (row-major everywhere).
+    layout_batch: the rows per model copy that the layouts are chosen for (default 1, the
+        paper's setting; the compiler wants other layouts for 32 rows than for 1)."""
 
     def __init__(self, num_partitions: Optional[int] = None,
                  model_parallel_submesh: Optional[Sequence[int]] = None,
                  logical_axis_rules: Optional[Sequence[Tuple[str, Optional[str]]]] = None,
                  draft: str = "replicated", devices: Optional[Sequence[Any]] = None,
-                 parameter_layouts: str = "compiler"):
+                 parameter_layouts: str = "compiler", layout_batch: int = 1):
         devices = list(jax.devices() if devices is None else devices)
         if model_parallel_submesh is not None:
             sub = tuple(int(x) for x in model_parallel_submesh)
@@ -100,7 +103,11 @@ class Partitioner:
                              f"{parameter_layouts!r}")
         self.num_partitions = int(num_partitions)
         self.draft = draft
+        if isinstance(layout_batch, bool) or not isinstance(layout_batch, (int, np.integer)) \
+                or layout_batch < 1:
+            raise ValueError(f"layout_batch must be an int >= 1, got {layout_batch!r}")
         self.parameter_layouts = parameter_layouts
+        self.layout_batch = int(layout_batch)
         self._formats = {}  # (config, role) -> the parameter tree's formats
         self.mesh = Mesh(_mesh_devices(devices, self.num_partitions), ("data", "model"))
 
@@ -110,7 +117,7 @@ class Partitioner:
 
     def _key(self):
         return (tuple(d.id for d in self.mesh.devices.flat), self.mesh.devices.shape, self.rules,
-                self.draft, self.parameter_layouts)
+                self.draft, self.parameter_layouts, self.layout_batch)
 
     def __eq__(self, other):
         return isinstance(other, Partitioner) and self._key() == other._key()

@@ -108,6 +108,8 @@ def test_partitioner_options_are_checked():
         st.Partitioner(logical_axis_rules=[("batch", "replica")])
     with pytest.raises(ValueError, match="parameter_layouts must be one of"):
         st.Partitioner(parameter_layouts="auto")
+    with pytest.raises(ValueError, match="layout_batch must be an int >= 1"):
+        st.Partitioner(layout_batch=0)
     with pytest.raises(TypeError, match="partitioner must be a speculative_t5.Partitioner"):
         st.generate(st.init_model(tiny_config(), 0), [[3, 4]], partitioner=2)
     p = st.Partitioner()

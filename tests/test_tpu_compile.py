@@ -75,7 +75,8 @@ def test_tiny_t5_parts_compile_for_v4_8(v4_8):
     assert r["parameter_layouts"] == "compiler"
     assert "decoder/layers_0/self_attention/query/kernel" in relaid["target"]
     assert all(path.startswith("decoder/") for paths in relaid.values() for path in paths)
-    assert (f"parameter layouts: the compiler's (target {len(relaid['target'])} relaid"
+    assert r["layout_batch"] == 1  # batch 2 over 'data' 2: one row per model copy
+    assert (f"parameter layouts: the compiler's for batch 1 per model copy (target {len(relaid['target'])} relaid"
             in tpu_compile.format_report(r))
 
 

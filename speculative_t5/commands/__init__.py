@@ -200,6 +200,8 @@ COMMANDS: Dict[str, Command] = {
          ("--parameter_layouts", dict(choices=("compiler", "default"), help="parameters in "
                                       "the layouts the compiler asks for (default, as a decode "
                                       "places them) or row-major")),
+         ("--layout_batch", dict(type=int, help="the rows per model copy the layouts are "
+                                 "chosen for (default --batch's; Partitioner.layout_batch)")),
          ("--json", dict(dest="as_json", action="store_true", default=None,
                          help="print every number as one JSON object"))),
         "--target (or the gin binding compile.target)"),

@@ -246,20 +246,27 @@ def compile_report(target_config, draft_config, topology: str = "v4-8", num_part
                    batch: int = 1, input_length: int = 512, max_decode_len: int = 128,
                    gamma: int = 4, alpha: float = 0.7, draft_partitioning: str = "replicated",
                    whole: bool = True, hlo_dir: Optional[str] = None,
-                   tree=None, parameter_layouts: str = "compiler") -> Dict[str, Any]:
+                   tree=None, parameter_layouts: str = "compiler",
+                   layout_batch: Optional[int] = None) -> Dict[str, Any]:
     """Compile a decode's programs for `topology` and report what the compiler says, beside
     `plan`'s arithmetic for the same settings. hlo_dir: also write each program's optimised
     HLO there (NAME.hlo.txt), to read what the figures come from. tree: children per depth:
     also the target's pass over a token tree's nodes (part 'tree_verify'), and its cost in
-    target steps (`tree_verify_over_step`: what checking that many nodes costs there)."""
+    target steps (`tree_verify_over_step`: what checking that many nodes costs there).
+    parameter_layouts: `Partitioner`'s, 'compiler' (the layouts a decode on the TPU places
+    its parameters in) or 'default' (row-major); layout_batch: the rows per model copy they
+    are chosen for (default this compile's batch per model copy, as
+    `Partitioner(layout_batch=...)` chooses them for that batch)."""
     tree = None if tree is None else TreeShape.of(tree)
     devices = tpu_devices(topology)
     t = TOPOLOGIES[topology]
     planned = plan(target_config, draft_config, num_partitions, len(devices), batch,
                    input_length, max_decode_len, gamma, draft_partitioning, alpha)
     check_fits(planned, t.chip)
+    data = len(devices) // num_partitions
+    layout_batch = layout_batch or -(-planned["batch"] // data)  # rows per model copy
     p = Partitioner(num_partitions=num_partitions, draft=draft_partitioning, devices=devices,
-                    parameter_layouts=parameter_layouts)
+                    parameter_layouts=parameter_layouts, layout_batch=layout_batch)
     batch = planned["batch"]  # padded to a multiple of 'data', as generate pads it
     start, cache = time.monotonic(), jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)  # no client to load TPU programs
@@ -284,7 +291,7 @@ def compile_report(target_config, draft_config, topology: str = "v4-8", num_part
               "mesh": {"data": p.data_size, "model": p.num_partitions},
               "batch": batch, "input_length": input_length, "max_decode_len": max_decode_len,
               "gamma": gamma, "alpha": alpha, "compile_seconds": seconds,
-              "parameter_layouts": parameter_layouts,
+              "parameter_layouts": parameter_layouts, "layout_batch": p.layout_batch,
               "relaid_parameters": {role: relaid(p.param_formats(config, role))
                                     for role, config in (("target", target_config),
                                                          ("draft", draft_config))
@@ -329,7 +336,7 @@ def format_report(r: Dict[str, Any]) -> str:
              f"max_decode_len {r['max_decode_len']}, gamma {r['gamma']}; compiled in "
              f"{r['compile_seconds']:.0f} s",
              "parameter layouts: " + ("row-major" if r["parameter_layouts"] == "default" else
-                                      "the compiler's (" + ", ".join(
+                                      f"the compiler's for batch {r['layout_batch']} per model copy (" + ", ".join(
                                           f"{role} {len(paths)} relaid" for role, paths in
                                           r["relaid_parameters"].items()) + ")"),
              "", "memory per device (GiB)      arguments  "
@@ -377,7 +384,8 @@ def compile_command(target: str = gin.REQUIRED, draft: Optional[str] = None,
                     draft_partitioning: str = "replicated", alpha: float = 0.7,
                     parts_only: bool = False, hlo_dir: Optional[str] = None,
                     as_json: bool = False, tree: Any = None,
-                    parameter_layouts: str = "compiler") -> Dict[str, Any]:
+                    parameter_layouts: str = "compiler",
+                    layout_batch: Optional[int] = None) -> Dict[str, Any]:
     """`speculative-t5 compile`: print the report (a table, or JSON with --json)."""
     activation_dtype = activation_dtype or dtype  # on a TPU activations follow the weights
     overrides = {k: v for k, v in (("param_dtype", dtype), ("dtype", activation_dtype)) if v}
@@ -393,7 +401,7 @@ def compile_command(target: str = gin.REQUIRED, draft: Optional[str] = None,
     report = compile_report(target_config, draft_config, topology, num_partitions, batch,
                             input_length, max_decode_len, gamma, alpha, draft_partitioning,
                             whole=not parts_only, hlo_dir=hlo_dir, tree=tree,
-                            parameter_layouts=parameter_layouts)
+                            parameter_layouts=parameter_layouts, layout_batch=layout_batch)
     if as_json:
         print(json.dumps({"target_name": target, "draft_name": draft, **report}, indent=2))
     else:
