@@ -2,16 +2,17 @@
 decode's matmuls read it.
 
 Inside a program XLA lays arrays out as it likes, but a program's inputs arrive in the
-layout they were placed in (row-major unless asked otherwise). Where a step over several
-tokens (the verify pass, the set-up's encoder) wants a weight in another layout -- on a TPU,
-the attention projections' kernels column-major -- the compiled decode copies those weights
-once before its loop: 0.75 GiB per chip for T5.1.1-XXL on a v4-8 (`speculative-t5
-compile`), memory that no parameter count shows. Asking the compiler which layouts it wants
-(`Layout.AUTO`) for a small program that reads every weight as a decode does -- the set-up
-(encoder and cross-attention keys and values, or a GPT-2's prefill) and a step over
-`PROBE_TOKENS` tokens -- and placing the weights in those layouts once, at load, removes the
-copy: `jit` compiles for the layouts its committed arguments have (`Partitioner.param_formats`).
-On a CPU XLA keeps row-major layouts anyway; there is nothing to ask.
+layout they were placed in (row-major unless asked otherwise). Where the verify pass over
+gamma + 1 tokens wants a weight in another layout -- on a TPU at batch 1, the decoder's
+attention projections column-major -- the compiled decode copies those weights once before
+its loop: 0.75 GiB per chip for T5.1.1-XXL on a v4-8 (`speculative-t5 compile`), memory
+that no parameter count shows. Asking the compiler which layouts it wants (`Layout.AUTO`)
+in a small program that reads the decoder's weights as the loop does -- a step over
+`PROBE_TOKENS` tokens of `Partitioner.layout_batch` rows per model copy -- and placing the
+weights in those layouts once, at load, removes the copy: `jit` compiles for the layouts
+its committed arguments have (`Partitioner.param_formats`). The encoder's weights, read
+once per input, stay row-major. On a CPU XLA keeps row-major layouts anyway; there is
+nothing to ask.
 """
 from __future__ import annotations
 
