@@ -17,7 +17,7 @@ from speculative_t5.decoding.speculative_beam import speculative_beam_search
 from speculative_t5.engine import (_place, _to_host, check_inputs, check_int, check_memory,
                                    check_pair, check_partitioner, check_prompt_lengths,
                                    decode_bytes, step_fn)
-from speculative_t5.model.api import Model, cache_axes, init_cache, prefill_cache
+from speculative_t5.model.api import Model, cache_axes, start_cache
 from speculative_t5.partitioning import Partitioner
 
 
@@ -36,8 +36,7 @@ def _beam_search(model: Model, draft: Optional[Model], input_ids, eos, alpha, le
         offset = lengths
 
     def setup(m: Model, role: str):
-        cache = prefill_cache(m, input_ids, lengths, max_decode_len) if m.decoder_only \
-            else init_cache(m, input_ids, max_decode_len)
+        cache = start_cache(m, input_ids, lengths, max_decode_len)
         cache = jax.tree_util.tree_map(lambda x: jnp.repeat(x, beam_size, axis=0), cache)
         if partitioner is not None:
             cache = partitioner.constrain(cache, cache_axes(cache), role)

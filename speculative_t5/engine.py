@@ -23,8 +23,8 @@ from speculative_t5.decoding.sampling import (SamplingConfig, check_verification
 from speculative_t5.decoding.tree_loop import tree_decode
 from speculative_t5.decoding.trees import TreeShape
 from speculative_t5.model import gpt2
-from speculative_t5.model.api import (Model, cache_axes, decode, host_memory, init_cache,
-                                      keep_path, prefill_cache)
+from speculative_t5.model.api import (Model, cache_axes, decode, host_memory, keep_path,
+                                      start_cache)
 from speculative_t5.partitioning import Partitioner
 
 
@@ -62,8 +62,7 @@ def _generate(target: Model, draft: Any, input_ids, rng, temperature, eos, lengt
         start, mask = None, input_ids != target.config.pad_id
 
     def setup(model: Model, ids, length: int, role: str = "target"):
-        cache = prefill_cache(model, ids, lengths, length) if model.decoder_only else \
-            init_cache(model, ids, length, recompute_cross_attention)
+        cache = start_cache(model, ids, lengths, length, recompute_cross_attention)
         return cache if partitioner is None else partitioner.constrain(
             cache, cache_axes(cache), role)
     if draft is None:

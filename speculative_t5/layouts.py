@@ -21,10 +21,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from flax import traverse_util
 from jax.experimental.layout import Format, Layout
 
-from speculative_t5.model.api import (Model, cache_axes, decode, init_cache, param_shapes,
-                                      prefill_cache)
+from speculative_t5.model.api import Model, cache_axes, decode, param_shapes, start_cache
 
 PROBE_TOKENS = 8       # a verify pass over gamma + 1 = 8 tokens: the step that wants new layouts
 PROBE_INPUT = 32       # input (T5) or prompt (GPT-2) positions of the probe
@@ -48,11 +48,9 @@ def compiler_layouts(config, partitioner, role: str) -> Any:
     B = partitioner.data_size * partitioner.layout_batch
     ids = jax.ShapeDtypeStruct((B, PROBE_INPUT), jnp.int32)
 
-    def setup(params, ids):
-        model = Model(config, params)
-        return (prefill_cache(model, ids, jnp.full((B,), PROBE_INPUT), PROBE_POSITIONS)
-                if model.decoder_only else init_cache(model, ids, PROBE_POSITIONS))
-    shape = jax.eval_shape(setup, param_shapes(config), ids)
+    shape = jax.eval_shape(lambda p, ids: start_cache(
+        Model(config, p), ids, jnp.full((B,), PROBE_INPUT), PROBE_POSITIONS),
+        param_shapes(config), ids)
     cache = partitioner.abstract(shape, cache_axes(shape), role)
     tokens = jax.ShapeDtypeStruct((B, PROBE_TOKENS), jnp.int32, sharding=rows)
     pos = jax.ShapeDtypeStruct((B,), jnp.int32, sharding=rows)
@@ -81,9 +79,7 @@ def with_layouts(shardings: Any, layouts: Any) -> Any:
 def relaid(formats: Any) -> list:
     """Paths ('decoder/layers_0/self_attention/query/kernel', ...) of the parameters that
     `formats` places in a layout other than row-major."""
-    return ["/".join(str(getattr(k, "key", k)) for k in path)
-            for path, f in jax.tree_util.tree_leaves_with_path(
-                formats, is_leaf=lambda x: isinstance(x, Format))
+    return [path for path, f in traverse_util.flatten_dict(formats, sep="/").items()
             if isinstance(f, Format)]
 
 

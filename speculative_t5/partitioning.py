@@ -101,11 +101,11 @@ class Partitioner:
         if parameter_layouts not in LAYOUT_MODES:
             raise ValueError(f"parameter_layouts must be one of {LAYOUT_MODES}, got "
                              f"{parameter_layouts!r}")
-        self.num_partitions = int(num_partitions)
-        self.draft = draft
         if isinstance(layout_batch, bool) or not isinstance(layout_batch, (int, np.integer)) \
                 or layout_batch < 1:
             raise ValueError(f"layout_batch must be an int >= 1, got {layout_batch!r}")
+        self.num_partitions = int(num_partitions)
+        self.draft = draft
         self.parameter_layouts = parameter_layouts
         self.layout_batch = int(layout_batch)
         self._formats = {}  # (config, role) -> the parameter tree's formats

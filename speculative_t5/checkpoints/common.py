@@ -227,7 +227,7 @@ def restore_orbax(directory: str, config: ModelConfig, declared: Mapping[str, Tu
     flat, formats = traverse_util.flatten_dict(tree, sep="/"), flat_formats(partitioner, config, role)
     for key in list(flat):
         check_finite(flat[key], directory, key)
-        flat[key] = lay_out(flat.pop(key), formats[key])
+        flat[key] = lay_out(flat[key], formats[key])
     return Model(config, traverse_util.unflatten_dict(flat, sep="/"))
 
 

@@ -37,8 +37,7 @@ from speculative_t5.measure.analysis import expected_tokens_per_call, walltime_i
 from speculative_t5.measure.costs import Costs
 from speculative_t5.measure.hlo import hbm_bytes, loop_bytes
 from speculative_t5.measure.plan import CHIPS, GiB, plan, read_config
-from speculative_t5.model.api import (Model, cache_axes, decode, init_cache, param_shapes,
-                                      prefill_cache)
+from speculative_t5.model.api import Model, cache_axes, decode, param_shapes, start_cache
 from speculative_t5.partitioning import Partitioner
 
 LIBTPU_HINT = 'pip install "jax[tpu]=={jax}" (or speculative_t5[tpu])'
@@ -121,12 +120,6 @@ def _compile(name: str, lowered):
         raise ValueError(f"{name} does not fit the device: {first.strip()[:300]}") from None
 
 
-def _setup_fn(model: Model, ids, lengths, length: int):
-    if model.decoder_only:
-        return prefill_cache(model, ids, lengths, length)
-    return init_cache(model, ids, length)
-
-
 def compile_parts(target: Model, draft: Optional[Model], partitioner: Partitioner, batch: int,
                   input_length: int, max_decode_len: int, gamma: int,
                   whole: bool = True, tree: Optional[TreeShape] = None) -> Dict[str, Any]:
@@ -142,7 +135,7 @@ def compile_parts(target: Model, draft: Optional[Model], partitioner: Partitione
     out: Dict[str, Any] = {}
 
     def constrained_setup(model, ids, lengths, role):
-        cache = _setup_fn(model, ids, lengths, length)
+        cache = start_cache(model, ids, lengths, length)
         return p.constrain(cache, cache_axes(cache), role)
 
     def setup(t, d, ids, lengths):
@@ -151,7 +144,7 @@ def compile_parts(target: Model, draft: Optional[Model], partitioner: Partitione
     out["setup"] = _compile("setup", jax.jit(setup).lower(target, draft, ids, lengths))
 
     def step_program(model: Model, role: str, K: int, nodes: Optional[TreeNodes] = None):
-        shape = jax.eval_shape(functools.partial(_setup_fn, length=length), model, ids, lengths)
+        shape = jax.eval_shape(functools.partial(start_cache, length=length), model, ids, lengths)
         cache = p.abstract(shape, cache_axes(shape), role)
         tokens = _rows(p, (B, K), jnp.int32, ("batch", "length"))
         pos = _rows(p, (B,), jnp.int32, ("batch",))

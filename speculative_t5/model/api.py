@@ -164,6 +164,16 @@ def prefill_cache(model: Model, prompts: Array, lengths: Array, length: int):
     return gpt2.prefill(model.config, model.params, prompts, lengths, length)
 
 
+def start_cache(model: Model, ids: Array, lengths: Array | None, length: int,
+                recompute_cross_attention: bool = False) -> Dict[str, Any]:
+    """The cache a decode starts from, with room for `length` positions: a T5's
+    (`init_cache`: its encoder run over ids [B, S]) or a GPT-2's (`prefill_cache`: the
+    prompts ids [B, S] of lengths [B] written)."""
+    if model.decoder_only:
+        return prefill_cache(model, ids, lengths, length)
+    return init_cache(model, ids, length, recompute_cross_attention)
+
+
 def cache_axes(cache: Dict[str, Any]) -> Dict[str, Any]:
     """Logical axis names of every array in an `init_cache` cache, or a GPT-2's
     `prefill_cache` cache (the same tree), so a partitioner can shard it: batch rows over
