@@ -5,8 +5,8 @@ Inside a program XLA lays arrays out as it likes, but a program's inputs arrive 
 layout they were placed in (row-major unless asked otherwise). Where the verify pass over
 gamma + 1 tokens wants a weight in another layout -- on a TPU at batch 1, the decoder's
 attention projections column-major -- the compiled decode copies those weights once before
-its loop: 0.75 GiB per chip for T5.1.1-XXL on a v4-8 (`speculative-t5 compile`), memory
-that no parameter count shows. Asking the compiler which layouts it wants (`Layout.AUTO`)
+its loop, memory that no parameter count shows (`speculative-t5 compile
+--parameter_layouts default` shows it; docs/tpu.md). Asking the compiler which layouts it wants (`Layout.AUTO`)
 in a small program that reads the decoder's weights as the loop does -- a step over
 `PROBE_TOKENS` tokens of `Partitioner.layout_batch` rows per model copy -- and placing the
 weights in those layouts once, at load, removes the copy: `jit` compiles for the layouts
