@@ -69,10 +69,11 @@ def _generate(target: Model, draft: Any, input_ids, rng, temperature, eos, lengt
         return plain_decode(step_fn(target), setup(target, input_ids, max_decode_len), B, max_decode_len,
                             eos, sampling, rng, start)
     prompt = input_ids.shape[1] if target.decoder_only else 0
+    feed_two = wide_first_feeds(partitioner)
     if tree is not None:
         length = cache_positions(max_decode_len + tree.num_nodes, prompt)
         d = ModelDraft(step_fn(draft), functools.partial(setup, draft, role="draft"),
-                       keep=functools.partial(keep_path, draft))
+                       keep=functools.partial(keep_path, draft), feed_two=feed_two)
         return tree_decode(step_fn(target), functools.partial(keep_path, target),
                            setup(target, input_ids, length), d, d.init(input_ids, length, mask),
                            B, max_decode_len, eos, tree, sampling, rng,
@@ -82,13 +83,24 @@ def _generate(target: Model, draft: Any, input_ids, rng, temperature, eos, lengt
     def build(d, catch_up: bool):  # Models as the loops' drafts: step functions and caches
         if isinstance(d, Model):
             return ModelDraft(step_fn(d), functools.partial(setup, d, role="draft"),
-                              draft_stop, catch_up)
+                              draft_stop, catch_up, feed_two=feed_two)
         return Fallback(build(d.first, True), build(d.then, True)) if isinstance(d, Fallback) else d
     draft = build(draft, adaptive)  # adaptive: plain rounds leave a model draft behind
     tcache, dstate = setup(target, input_ids, length), draft.init(input_ids, length, mask)
     return speculative_decode(step_fn(target), tcache, draft, dstate, B,
                               max_decode_len, eos, gamma, sampling, rng, lenience, verification,
                               costs if adaptive else None, start)
+
+
+def wide_first_feeds(partitioner: Optional[Partitioner]) -> bool:
+    """Whether a model draft's first call each round always feeds two tokens
+    (`ModelDraft.feed_two`): where the decode runs on an accelerator, whose step costs its
+    bytes whatever the width, so a branch on the width (and the copy of the draft's cache
+    XLA makes for it) costs more than the second token; on CPUs, whose steps are
+    compute-bound, one token where one is new."""
+    platform = (jax.default_backend() if partitioner is None
+                else partitioner.mesh.devices.flat[0].platform)
+    return platform != "cpu"
 
 
 CACHE_MULTIPLE = 16

@@ -358,6 +358,45 @@ def test_exactness_test_detects_a_biased_draft_stop(target8, draft8, monkeypatch
     assert pvalue < 1e-3, pvalue
 
 
+@pytest.fixture
+def two_token_first_feeds(monkeypatch):
+    """Decodes here as on an accelerator: a model draft's first call each round feeds two
+    tokens whatever it needs (`ModelDraft.feed_two`, no branch on the width)."""
+    from speculative_t5 import engine
+    monkeypatch.setattr(engine, "wide_first_feeds", lambda partitioner: True)
+    jax.clear_caches()  # `generate`'s programs were compiled with one-token feeds
+    yield
+    jax.clear_caches()
+
+
+def test_two_token_first_feeds_are_exact(target8, draft8, greedy_case, monkeypatch,
+                                         two_token_first_feeds):
+    """T = 1, gamma 2 over 4 tokens: rounds after a rejection re-feed y_{m-1} beside y_m,
+    and the tokens still follow the target's distribution; greedy over padded rows with an
+    EOS inside rounds, a model draft alone, in a Fallback (catching up) and with a token
+    tree, equals plain greedy. Every round's first draft call is a two-token one."""
+    out, (pvalue, cells) = _sample_long(target8, draft8, tx.INPUT, 4, monkeypatch, gamma=2)
+    assert cells >= 20 and pvalue > 1e-3, (pvalue, cells)
+    assert 0.05 < out.summary()["acceptance_rate"] < 0.95
+    np.testing.assert_array_equal(out.stats["two_token_draft_calls"], out.stats["target_calls"])
+    target, inputs, plain, _ = greedy_case
+    perturbed = st.Model(target.config, jax.tree_util.tree_map(
+        lambda x: x + 0.02 * jax.random.normal(jax.random.PRNGKey(1), x.shape), target.params))
+    for name, kw in {"model": dict(draft=perturbed),
+                     "fallback": dict(draft=st.drafts.Fallback(PromptLookup(), perturbed)),
+                     "tree": dict(draft=perturbed, tree=(2, 1, 1))}.items():
+        out = st.generate(target, inputs, gamma=3, max_decode_len=MAX_LEN, **kw)
+        np.testing.assert_array_equal(out.tokens, plain.tokens, err_msg=name)
+        np.testing.assert_array_equal(out.lengths, plain.lengths, err_msg=name)
+        assert out.summary()["acceptance_rate"] > 0.05, name
+    tg._check_stats(out, 3, fixed_model_draft=False)
+
+
+def test_one_token_first_feeds_on_cpus():
+    from speculative_t5.engine import wide_first_feeds
+    assert not wide_first_feeds(None) and not wide_first_feeds(st.Partitioner(num_partitions=1))
+
+
 @pytest.mark.parametrize("gamma", [3, pytest.param(7, marks=pytest.mark.slow)])
 def test_fallback_and_draft_stop_greedy_equal_plain(greedy_case, gamma):
     target, inputs, plain, _ = greedy_case

@@ -80,6 +80,13 @@ def test_tiny_t5_parts_compile_for_v4_8(v4_8):
             in tpu_compile.format_report(r))
 
 
+def test_a_decode_for_a_tpu_feeds_its_draft_two_tokens_a_round(v4_8):
+    """No branch on the width of a model draft's first call there (XLA would copy the
+    draft's cache into the branch every round): `ModelDraft.feed_two`."""
+    from speculative_t5.engine import wide_first_feeds
+    assert wide_first_feeds(st.Partitioner(num_partitions=2, devices=v4_8))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["t5", "gpt2"])
 def test_tiny_speculative_decode_compiles_for_v4_8(v4_8, family):
@@ -98,6 +105,9 @@ def test_tiny_speculative_decode_compiles_for_v4_8(v4_8, family):
     # steps there read next to nothing from HBM: only that the loops were found is checked
     loop = r["in_loop"]
     assert loop["target_step_hbm_bytes"] > 0 and loop["round_hbm_bytes"] > 0
+    # a round's iteration holds the draft's first (two-token) call: v leaves it to c
+    assert loop["v"] == pytest.approx((loop["round_hbm_bytes"] - loop["draft_step_hbm_bytes"])
+                                      / loop["target_step_hbm_bytes"])
 
 
 def test_cli_topologies_are_the_modules():

@@ -87,12 +87,18 @@ class ModelDraft(NamedTuple):
     stop: draft_stop -- a row stops drafting after a token its draft gave probability
     below `stop` (q when sampling, the softmax when greedy); the token itself is proposed,
     so the decision to draft the next depends only on tokens already drafted (exact). The
-    draft calls end when every active row has stopped."""
+    draft calls end when every active row has stopped.
+    feed_two: every round's first call feeds two tokens, y_{m-1} again where only y_m is new
+    (the same token at the same position: the same keys and values). No branch then picks
+    the width, and XLA copies a conditional's operands -- on a TPU the draft's whole cache
+    each round (`speculative-t5 compile`). `generate` sets it off CPUs, where a two-token
+    step costs more than a one-token one."""
     step: StepFn
     cache: Optional[Callable[[Array, int], Any]] = None
     stop: Optional[float] = None
     catch_up: bool = False
     keep: Optional[Callable] = None  # keep(cache, pos, path, depth): a token tree's path kept
+    feed_two: bool = False
 
     def init(self, input_ids: Array, length: int, mask: Optional[Array] = None) -> ModelState:
         return ModelState(self.cache(input_ids, length),
@@ -141,10 +147,12 @@ class ModelDraft(NamedTuple):
         two = lambda s: self._feed(s, seq, m, valid, 2)                        # noqa: E731
         if self.catch_up:
             more = lambda s: self._catch_up(s, seq, m, valid, active, gamma + 1)  # noqa: E731
-            logits, state = jax.lax.cond(
-                jnp.all(behind <= 1), one,
-                lambda s: jax.lax.cond(jnp.all(behind <= 2), two, more, s), state)
-        else:  # alone, a model draft is at most two positions behind
+            reach_two = lambda s: jax.lax.cond(jnp.all(behind <= 2), two, more, s)  # noqa: E731
+            logits, state = reach_two(state) if self.feed_two else jax.lax.cond(
+                jnp.all(behind <= 1), one, reach_two, state)
+        elif self.feed_two:  # alone, a model draft is at most two positions behind
+            logits, state = two(state)
+        else:
             logits, state = jax.lax.cond(jnp.any(behind > 1), two, one, state)
         return logits, state, behind
 
@@ -186,7 +194,7 @@ class ModelDraft(NamedTuple):
         else:
             c = jax.lax.while_loop(drafting, draft_step, c)
         steps, state, qs, xs, count, _ = c
-        return Proposal(xs, qs, count, active & (behind > 1), state,
+        return Proposal(xs, qs, count, active & ((behind > 1) | self.feed_two), state,
                         jnp.where(active, steps, 0).astype(jnp.int32))
 
 

@@ -61,7 +61,8 @@ def propose_tree(draft: ModelDraft, state: ModelState, seq: Array, m: Array, act
             logits, cache = draft.step(cache, tokens[:, off[d + 1]:off[d + 2]], m,
                                        tree=TreeNodes.of(tree, off[d + 1]))    # [B, n_d+1, V]
     model_steps = jnp.where(active, D, 0).astype(jnp.int32)   # the catch-up call + D - 1 levels
-    return TreeProposal(tokens, qs, jnp.full((B,), D, jnp.int32), active & (behind > 1),
+    wide = active & ((behind > 1) | draft.feed_two)                          # [B]
+    return TreeProposal(tokens, qs, jnp.full((B,), D, jnp.int32), wide,
                         ModelState(cache, state.fed), model_steps)
 
 

@@ -311,14 +311,18 @@ def compile_report(target_config, draft_config, topology: str = "v4-8", num_part
 
 
 def in_loop(programs: Dict[str, Any], alpha: float, gamma: int) -> Dict[str, float]:
-    """c and v from the whole decodes' loops, as they run there: a plain step (the plain
-    loop's iteration), a draft step (the speculative round's inner loop) and a round's own
-    work beside its draft steps (the verify pass and the loop's bookkeeping), in HBM bytes."""
+    """c and v from the whole decodes' loops, as they run there, in HBM bytes: a plain step
+    (the plain loop's iteration), a draft step (the speculative round's inner loop) and a
+    round's own work beside its gamma draft steps (the verify pass and the loop's
+    bookkeeping): the round's iteration less one draft step, its first draft call (two
+    tokens on a TPU, `ModelDraft.feed_two`: outside the inner loop, reading what a draft
+    step reads)."""
     step = programs["plain_decode"]["hbm_bytes"]["per_iteration"]
     spec = programs["speculative_decode"]["hbm_bytes"]
-    c, v = spec["inner_per_iteration"] / step, spec["per_iteration"] / step
-    return {"target_step_hbm_bytes": step, "draft_step_hbm_bytes": spec["inner_per_iteration"],
-            "round_hbm_bytes": spec["per_iteration"], "c": c, "v": v,
+    draft, round_ = spec["inner_per_iteration"], spec["per_iteration"]
+    c, v = draft / step, (round_ - draft) / step
+    return {"target_step_hbm_bytes": step, "draft_step_hbm_bytes": draft,
+            "round_hbm_bytes": round_, "c": c, "v": v,
             "speedup_predicted": walltime_improvement(alpha, gamma, c, v)}
 
 
