@@ -110,6 +110,64 @@ def test_tiny_speculative_decode_compiles_for_v4_8(v4_8, family):
                                       / loop["target_step_hbm_bytes"])
 
 
+# A loop body as the TPU compiler writes it (cut down): a cache [32, 128, 4, 64] bf16 (2 MiB)
+# read by an attention fusion, then its new keys [32, 4, 64] scattered in; `in_hbm` leaves
+# the scatter's output in HBM (in place: the loop carry's own buffer), otherwise the scatter
+# runs in on-chip memory S(3) and a copy-start writes the whole cache back.
+_BODY = """\
+%scatter_computation (param_0: bf16[32,128,4,64], param_1: s32[32], param_2: bf16[32,4,64]) -> bf16[32,128,4,64] {
+  %param_0 = bf16[32,128,4,64]{3,2,1,0} parameter(0)
+  %param_1 = s32[32]{0} parameter(1)
+  %param_2 = bf16[32,4,64]{2,1,0} parameter(2)
+  %reshape.1 = bf16[32,1,4,64]{3,2,1,0} reshape(%param_2)
+  ROOT %scatter.1 = bf16[32,128,4,64]{3,2,1,0} scatter(%param_0, %param_1, %reshape.1), to_apply=%region
+}
+
+%attention_computation (param_0: bf16[32,128,4,64], param_1: bf16[32,4,64]) -> f32[32,4,128] {
+  %param_0 = bf16[32,128,4,64]{3,2,1,0} parameter(0)
+  %param_1 = bf16[32,4,64]{2,1,0} parameter(1)
+  ROOT %dot.1 = f32[32,4,128]{2,1,0} dot(%param_1, %param_0)
+}
+
+%body (p: (bf16[32,128,4,64], s32[32], bf16[32,4,64])) -> (bf16[32,128,4,64], s32[32], bf16[32,4,64]) {
+  %p = (bf16[32,128,4,64]{3,2,1,0}, s32[32]{0}, bf16[32,4,64]{2,1,0}) parameter(0)
+  %cache = bf16[32,128,4,64]{3,2,1,0} get-tuple-element(%p), index=0
+  %pos = s32[32]{0} get-tuple-element(%p), index=1
+  %new = bf16[32,4,64]{2,1,0} get-tuple-element(%p), index=2
+  %scores = f32[32,4,128]{2,1,0} fusion(%cache, %new), kind=kOutput, calls=%attention_computation
+  SCATTER
+  ROOT %tuple = (bf16[32,128,4,64]{3,2,1,0}, s32[32]{0}, bf16[32,4,64]{2,1,0}) tuple(%written, %pos, %new)
+}
+
+ENTRY %main (a: (bf16[32,128,4,64], s32[32], bf16[32,4,64])) -> (bf16[32,128,4,64], s32[32], bf16[32,4,64]) {
+  %a = (bf16[32,128,4,64]{3,2,1,0}, s32[32]{0}, bf16[32,4,64]{2,1,0}) parameter(0)
+  ROOT %while = (bf16[32,128,4,64]{3,2,1,0}, s32[32]{0}, bf16[32,4,64]{2,1,0}) while(%a), condition=%cond, body=%body
+}
+"""
+_IN_HBM = ("%written = bf16[32,128,4,64]{3,2,1,0} fusion(%cache, %pos, %new), kind=kCustom, "
+           "calls=%scatter_computation")
+_ON_CHIP = ("%staged = bf16[32,128,4,64]{3,2,1,0:S(3)} fusion(%cache, %pos, %new), kind=kCustom, "
+            "calls=%scatter_computation\n  %copy-start.1 = (bf16[32,128,4,64]{3,2,1,0}, "
+            "bf16[32,128,4,64]{3,2,1,0:S(3)}, u32[]{:S(2)}) copy-start(%staged)\n  %written = "
+            "bf16[32,128,4,64]{3,2,1,0} copy-done(%copy-start.1)")
+
+
+def test_hbm_bytes_count_a_scatter_into_a_cache_in_hbm_as_its_update():
+    """Read off the HLO text (no compiler needed): the attention reads the cache once (2 MiB)
+    and the new keys; a scatter in place in HBM writes the update (16 KiB) and reads the new
+    keys and slots; staged in on-chip memory it reads the whole cache and a copy writes it
+    all back, which `copies_per_iteration` shows."""
+    from speculative_t5.measure import hlo
+    cache, new, pos, scores = 32 * 128 * 4 * 64 * 2, 32 * 4 * 64 * 2, 32 * 4, 32 * 4 * 128 * 4
+    attention = cache + new + scores
+    in_place = hlo.loop_bytes(_BODY.replace("SCATTER", _IN_HBM))
+    assert in_place["per_iteration"] == attention + (pos + new + new)
+    assert in_place["copies_per_iteration"] == 0
+    staged = hlo.loop_bytes(_BODY.replace("SCATTER", _ON_CHIP))
+    assert staged["per_iteration"] == attention + (cache + pos + new) + cache
+    assert staged["copies_per_iteration"] == cache
+
+
 def test_cli_topologies_are_the_modules():
     """`--topology`'s choices are the slices tpu_compile knows (the parser does not import it)."""
     action = next(a for a in cli._parser()._subparsers._group_actions[0].choices["compile"]._actions

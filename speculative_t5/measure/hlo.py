@@ -9,7 +9,9 @@ moves to or from HBM (memory space 0: a shape whose layout carries no S(n)):
 - `copy-start` / `slice-start`: what it reads from HBM (the slice only) and writes there;
 - a fusion: its HBM operands, except one read only through a `dynamic-slice` or a gather
   inside the fusion (then the slice's bytes), and its output if it lands in HBM;
-- `dynamic-update-slice` on a buffer in HBM: the update only (in place);
+- `dynamic-update-slice` on a buffer in HBM, and a fusion whose root scatters into one of
+  its parameters (a cache's new keys written at per-row slots): the update only (in place:
+  the output is the parameter's buffer);
 - `*-done`, `bitcast`, `get-tuple-element`, `tuple`, `parameter`, `constant`: nothing.
 
 A parameter lives in HBM. The result, grouped by what the bytes are, is what `compile`
@@ -104,6 +106,26 @@ def _sliced_params(lines: List[str]) -> Dict[int, int]:
             if uses[name] and all(op in SLICING for op in uses[name])}
 
 
+def _scatters_in_place(lines: List[str]) -> Optional[Tuple[int, int]]:
+    """A fused computation whose root scatters into a parameter -> (that parameter's index,
+    the bytes of the updates it writes); None for any other fusion."""
+    params, shapes = {}, {}
+    for line in lines:
+        m = INSTRUCTION.match(line)
+        if not m:
+            continue
+        name, shape, opcode, args = m.groups()
+        shapes[name] = sum(a.nbytes for a in arrays(shape))
+        if opcode == "parameter":
+            params[name] = int(re.match(r"(\d+)", args).group(1))
+        if line.lstrip().startswith("ROOT"):
+            operands = _operands(args)
+            if opcode != "scatter" or operands[0] not in params:
+                return None
+            return params[operands[0]], shapes.get(operands[-1], 0)
+    return None
+
+
 def hbm_instructions(hlo_text: str, computation: str = "__entry__",
                      comps: Optional[Dict[str, List[str]]] = None) -> List[Instruction]:
     """Every top-level instruction of one computation (default: the entry) with its HBM
@@ -137,16 +159,21 @@ def hbm_instructions(hlo_text: str, computation: str = "__entry__",
             out.append(Instruction(name, opcode, update.nbytes if hbm else 0,
                                    update.nbytes if hbm else 0, line))
             continue
-        sliced = {}
+        sliced, in_place = {}, None
         called = re.search(r"calls=%([\w.\-]+)", line)
         if opcode == "fusion" and called:
             sliced = _sliced_params(comps.get(called.group(1), []))
+            in_place = _scatters_in_place(comps.get(called.group(1), []))
+        if in_place and not (results[0].hbm and shapes.get(operands[in_place[0]], [Array(0, False)])[0].hbm):
+            in_place = None  # a scatter from or into on-chip memory: its output counts whole
         read = 0
         for i, operand in enumerate(operands):
+            if in_place and i == in_place[0]:
+                continue
             for a in shapes.get(operand, []):
                 if a.hbm:
                     read += min(sliced.get(i, a.nbytes), a.nbytes)
-        written = sum(a.nbytes for a in results if a.hbm)
+        written = in_place[1] if in_place else sum(a.nbytes for a in results if a.hbm)
         out.append(Instruction(name, opcode, read, written, line))
     return out
 

@@ -152,6 +152,29 @@ class Attention(nn.Module):
         y = jnp.einsum(f"bhkl,{v_axes}->bkhd", weights, v)                   # [B, K, H, D]
         return self.out(y.reshape(x.shape[:2] + (c.num_heads * c.head_dim,)))
 
+    def over_cache(self, x: Array, cache: Dict[str, Array], k: Array, v: Array,
+                   bias: Tuple[Array, Array]) -> Array:
+        """x [B, K, E] queries over the cache as it was ({'k','v'} [B, L, H, D]) and the K new
+        keys, values [B, K, H, D] beside it, one softmax over both; bias ([B, H, K, L] for
+        the cache, hiding the slots the new keys overwrite; [B, H, K, K] for the new keys).
+        The same as attending over the cache with the new keys written in, but nothing reads
+        the written cache within the step, so a TPU writes its K slots in place in HBM
+        instead of staging the layer's whole cache in on-chip memory and copying it back."""
+        c = self.config
+        q = self.query(x).reshape(x.shape[:2] + (c.num_heads, c.head_dim))   # [B, K, H, D]
+        scores = jnp.concatenate(
+            [jnp.einsum("bkhd,blhd->bhkl", q, cache["k"], preferred_element_type=jnp.float32)
+             + bias[0],
+             jnp.einsum("bkhd,bjhd->bhkj", q, k, preferred_element_type=jnp.float32)
+             + bias[1]], axis=-1)                                            # [B, H, K, L + K]
+        weights = jax.nn.softmax(scores, axis=-1).astype(c.jnp_dtype)
+        L = cache["k"].shape[1]
+        y = (jnp.einsum("bhkl,blhd->bkhd", weights[..., :L], cache["v"],
+                        preferred_element_type=jnp.float32)
+             + jnp.einsum("bhkj,bjhd->bkhd", weights[..., L:], v,
+                          preferred_element_type=jnp.float32))               # [B, K, H, D]
+        return self.out(y.astype(c.jnp_dtype).reshape(x.shape[:2] + (c.num_heads * c.head_dim,)))
+
 
 class MLP(nn.Module):
     """wo(prod_i act_i(wi_i x)): ReLU `wi` (T5 1.0) or gated GELU `wi_0`, `wi_1` (1.1)."""
@@ -225,19 +248,21 @@ class DecoderLayer(nn.Module):
     def __call__(self, x: Array, self_bias: Array, cross_k: Array, cross_v: Array,
                  cross_bias: Array, cache: Optional[Dict[str, Array]] = None,
                  pos: Optional[Array] = None, enable_dropout: bool = False):
-        """x [B, K, E]. With a cache ({'k','v'}: [B, L, H, D]) the new keys/values are written
-        at slots pos [B, K] (out-of-range writes are dropped) and attention reads the cache."""
-        h = self.pre_self_attention_layer_norm(x)
-        k, v = self.self_attention.kv(h)                                     # [B, K, H, D]
-        if cache is not None:
-            rows = jnp.arange(x.shape[0])[:, None]                           # [B, 1]
-            cols = pos                                                       # [B, K]
-            k = cache["k"].at[rows, cols].set(k.astype(cache["k"].dtype), mode="drop")
-            v = cache["v"].at[rows, cols].set(v.astype(cache["v"].dtype), mode="drop")
-            cache = {"k": k, "v": v}
+        """x [B, K, E]. With a cache ({'k','v'}: [B, L, H, D]) attention reads it and the new keys beside it
+        (`Attention.over_cache`), then they are written at slots pos [B, K] (out-of-range
+        writes are dropped)."""
         def drop(y):
             return self.dropout(y, deterministic=not enable_dropout)
-        x = x + drop(self.self_attention(h, k, v, self_bias))
+        h = self.pre_self_attention_layer_norm(x)
+        k, v = self.self_attention.kv(h)                                     # [B, K, H, D]
+        if cache is None:
+            x = x + drop(self.self_attention(h, k, v, self_bias))
+        else:  # self_bias: (over the cache, over the new keys)
+            k, v = k.astype(cache["k"].dtype), v.astype(cache["v"].dtype)
+            x = x + drop(self.self_attention.over_cache(h, cache, k, v, self_bias))
+            rows = jnp.arange(x.shape[0])[:, None]                           # [B, 1]
+            cache = {"k": cache["k"].at[rows, pos].set(k, mode="drop"),      # pos [B, K]
+                     "v": cache["v"].at[rows, pos].set(v, mode="drop")}
         h = self.pre_cross_attention_layer_norm(x)
         x = x + drop(self.encoder_decoder_attention(h, cross_k, cross_v, cross_bias, CROSS_LAYOUT))
         x = x + drop(self.mlp(self.pre_mlp_layer_norm(x), enable_dropout))
@@ -267,10 +292,18 @@ class Decoder(nn.Module):
         slots [B, K]; keys at k_pos [L] (or [B, L]). visible [B, K, L]: what each query sees
         (default causal by position). Returns float32 logits [B, K, V] and the caches."""
         c = self.config
-        self_bias = self.relpos_bias(q_pos, k_pos)                           # [B, H, K, L]
         if visible is None:
             visible = k_pos[None, None, :] <= q_pos[:, :, None]              # [B, K, L]
-        self_bias = self_bias + jnp.where(visible[:, None], 0.0, NEG_INF)
+        self_bias = self.relpos_bias(q_pos, k_pos) + jnp.where(visible[:, None], 0.0, NEG_INF)
+        if caches is not None:  # the new keys beside the cache: what their slots would show
+            L = visible.shape[-1]
+            at = jnp.clip(slots, 0, L - 1)                                   # [B, K]
+            new_pos = jnp.take_along_axis(jnp.broadcast_to(k_pos, at.shape[:1] + (L,)), at, 1)
+            cols = jnp.broadcast_to(at[:, None, :], visible.shape[:2] + at.shape[1:])
+            sees = jnp.take_along_axis(visible, cols, 2) & (slots < L)[:, None, :]  # [B, K, K]
+            overwritten = jnp.any(slots[:, :, None] == jnp.arange(L), axis=1)  # [B, L]
+            self_bias = (jnp.where(overwritten[:, None, None, :], NEG_INF, self_bias),
+                         self.relpos_bias(q_pos, new_pos) + jnp.where(sees[:, None], 0.0, NEG_INF))
         cross_bias = jnp.where(encoder_mask[:, None, None, :], 0.0, NEG_INF)  # [B, 1, 1, S]
         new_caches = []
         x = self.dropout(y, deterministic=not enable_dropout)
