@@ -118,6 +118,41 @@ class RelativePositionBias(nn.Module):
         return jnp.transpose(bias, (1, 0, 2, 3))                             # [B, H, K, L]
 
 
+def keys_beside_cache(visible: Array, slots: Array) -> Tuple[Array, Array, Array]:
+    """For K new keys bound for cache slots [B, K] (>= L: dropped) and what each query sees
+    of the cache once they are written, visible [B, K, L] -> (the slots they overwrite,
+    hidden [B, L]; what each query sees of the new keys, sees [B, K, K]; the slots clipped
+    into the cache [B, K]): attending over the old cache less `hidden` and the new keys by
+    `sees` is attending over the written cache (`attend_beside_cache`)."""
+    L = visible.shape[-1]
+    at = jnp.clip(slots, 0, L - 1)                                             # [B, K]
+    hidden = jnp.any(slots[:, :, None] == jnp.arange(L), axis=1)               # [B, L]
+    cols = jnp.broadcast_to(at[:, None, :], visible.shape[:2] + at.shape[1:])  # [B, K, K]
+    return hidden, jnp.take_along_axis(visible, cols, 2) & (slots < L)[:, None, :], at
+
+
+def attend_beside_cache(q: Array, cache: Dict[str, Array], k: Array, v: Array,
+                        bias: Tuple[Array, Array], dtype, scale: float = 1.0) -> Array:
+    """Queries q [B, K, H, D] over a cache as it was ({'k','v'} [B, L, H, D]) and K new keys,
+    values [B, K, H, D] beside it, one softmax over both -> [B, K, H, D] float32. bias:
+    ([B, H|1, K, L] over the cache, the slots the new keys overwrite hidden; [B, H|1, K, K]
+    over the new keys). The same as attending over the cache with the new keys written in,
+    but nothing reads the written cache within the step, so a TPU writes the K slots in
+    place in HBM instead of staging each layer's whole cache in on-chip memory and copying
+    it back."""
+    scores = jnp.concatenate(
+        [jnp.einsum("bkhd,blhd->bhkl", q, cache["k"], preferred_element_type=jnp.float32)
+         * scale + bias[0],
+         jnp.einsum("bkhd,bjhd->bhkj", q, k, preferred_element_type=jnp.float32)
+         * scale + bias[1]], axis=-1)                                          # [B, H, K, L + K]
+    weights = jax.nn.softmax(scores, axis=-1).astype(dtype)
+    L = cache["k"].shape[1]
+    return (jnp.einsum("bhkl,blhd->bkhd", weights[..., :L], cache["v"],
+                       preferred_element_type=jnp.float32)
+            + jnp.einsum("bhkj,bjhd->bkhd", weights[..., L:], v,
+                         preferred_element_type=jnp.float32))
+
+
 class Attention(nn.Module):
     """Multi-head attention without 1/sqrt(d) (T5 folds it into the query weights)."""
     config: T5Config
@@ -154,25 +189,11 @@ class Attention(nn.Module):
 
     def over_cache(self, x: Array, cache: Dict[str, Array], k: Array, v: Array,
                    bias: Tuple[Array, Array]) -> Array:
-        """x [B, K, E] queries over the cache as it was ({'k','v'} [B, L, H, D]) and the K new
-        keys, values [B, K, H, D] beside it, one softmax over both; bias ([B, H, K, L] for
-        the cache, hiding the slots the new keys overwrite; [B, H, K, K] for the new keys).
-        The same as attending over the cache with the new keys written in, but nothing reads
-        the written cache within the step, so a TPU writes its K slots in place in HBM
-        instead of staging the layer's whole cache in on-chip memory and copying it back."""
+        """x [B, K, E] queries over the cache as it was and the K new keys, values
+        [B, K, H, D] beside it (`attend_beside_cache`)."""
         c = self.config
         q = self.query(x).reshape(x.shape[:2] + (c.num_heads, c.head_dim))   # [B, K, H, D]
-        scores = jnp.concatenate(
-            [jnp.einsum("bkhd,blhd->bhkl", q, cache["k"], preferred_element_type=jnp.float32)
-             + bias[0],
-             jnp.einsum("bkhd,bjhd->bhkj", q, k, preferred_element_type=jnp.float32)
-             + bias[1]], axis=-1)                                            # [B, H, K, L + K]
-        weights = jax.nn.softmax(scores, axis=-1).astype(c.jnp_dtype)
-        L = cache["k"].shape[1]
-        y = (jnp.einsum("bhkl,blhd->bkhd", weights[..., :L], cache["v"],
-                        preferred_element_type=jnp.float32)
-             + jnp.einsum("bhkj,bjhd->bkhd", weights[..., L:], v,
-                          preferred_element_type=jnp.float32))               # [B, K, H, D]
+        y = attend_beside_cache(q, cache, k, v, bias, c.jnp_dtype)           # [B, K, H, D]
         return self.out(y.astype(c.jnp_dtype).reshape(x.shape[:2] + (c.num_heads * c.head_dim,)))
 
 
@@ -296,13 +317,10 @@ class Decoder(nn.Module):
             visible = k_pos[None, None, :] <= q_pos[:, :, None]              # [B, K, L]
         self_bias = self.relpos_bias(q_pos, k_pos) + jnp.where(visible[:, None], 0.0, NEG_INF)
         if caches is not None:  # the new keys beside the cache: what their slots would show
-            L = visible.shape[-1]
-            at = jnp.clip(slots, 0, L - 1)                                   # [B, K]
-            new_pos = jnp.take_along_axis(jnp.broadcast_to(k_pos, at.shape[:1] + (L,)), at, 1)
-            cols = jnp.broadcast_to(at[:, None, :], visible.shape[:2] + at.shape[1:])
-            sees = jnp.take_along_axis(visible, cols, 2) & (slots < L)[:, None, :]  # [B, K, K]
-            overwritten = jnp.any(slots[:, :, None] == jnp.arange(L), axis=1)  # [B, L]
-            self_bias = (jnp.where(overwritten[:, None, None, :], NEG_INF, self_bias),
+            hidden, sees, at = keys_beside_cache(visible, slots)             # [B, L], [B, K, K]
+            new_pos = jnp.take_along_axis(
+                jnp.broadcast_to(k_pos, at.shape[:1] + visible.shape[-1:]), at, 1)  # [B, K]
+            self_bias = (jnp.where(hidden[:, None, None, :], NEG_INF, self_bias),
                          self.relpos_bias(q_pos, new_pos) + jnp.where(sees[:, None], 0.0, NEG_INF))
         cross_bias = jnp.where(encoder_mask[:, None, None, :], 0.0, NEG_INF)  # [B, 1, 1, S]
         new_caches = []
