@@ -137,7 +137,7 @@ def test_choose_gamma_with_widths_finishes_a_batch_soonest(rows, c, v, v1):
             assert times[g] <= 1.03 * min(times), (alpha, need, g, times)
 
 
-@pytest.mark.parametrize("verification", ["token", "block"])
+@pytest.mark.parametrize("verification", [pytest.param("token", marks=pytest.mark.slow), "block"])
 def test_adaptive_gamma_sampling_is_exact(monkeypatch, verification):
     target, draft = st.init_model(tx._cfg(), seed=0), st.init_model(tx._cfg(), seed=1)
     out, (pvalue, cells) = td._sample_long(target, draft, tx.INPUT, 4, monkeypatch, gamma=3,
@@ -166,7 +166,7 @@ def scripted(monkeypatch):
     jax.clear_caches()
 
 
-@pytest.mark.parametrize("verification", ["token", "block"])
+@pytest.mark.parametrize("verification", ["token", pytest.param("block", marks=pytest.mark.slow)])
 def test_rounds_of_every_width_are_exact(scripted, monkeypatch, verification):
     target, draft = st.init_model(tx._cfg(), seed=0), st.init_model(tx._cfg(), seed=1)
     out, (pvalue, cells) = td._sample_long(target, draft, tx.INPUT, 4, monkeypatch, gamma=3,

@@ -59,7 +59,9 @@ WRONG_RESIDUALS = {  # name: (a wrong next-token rule, runs of N)
         lambda key, p, q, n, w: RIGHT_CORRECTION(key, p, q, n, jnp.ones_like(w)), 2)}
 
 
-@pytest.mark.parametrize("wrong", sorted(WRONG_RESIDUALS))
+@pytest.mark.parametrize("wrong", [  # the second control in the slow tier
+    w if w.startswith("p_") else pytest.param(w, marks=pytest.mark.slow)
+    for w in sorted(WRONG_RESIDUALS)])
 def test_exactness_test_detects_a_wrong_residual(pair, monkeypatch, wrong):
     """Negative controls: the same test, as many samples, on block verification with its
     residual replaced by a wrong one fails (p < 1e-3 where the test asks p > 1e-3). Traced

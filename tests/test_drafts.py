@@ -323,7 +323,7 @@ def test_fallback_sampling_is_exact(target8, draft8, monkeypatch):
     tg._check_stats(out, 1, fixed_model_draft=False)
 
 
-@pytest.mark.parametrize("verification", ["token", "block"])
+@pytest.mark.parametrize("verification", [pytest.param("token", marks=pytest.mark.slow), "block"])
 def test_draft_stop_sampling_is_exact(target8, draft8, monkeypatch, verification):
     """draft_stop at T = 1, gamma 3 over 4 tokens: rows stop drafting at different points
     (the proposal-count histogram has rounds of 1, 2 and 3 drafts), still exact."""
@@ -335,6 +335,7 @@ def test_draft_stop_sampling_is_exact(target8, draft8, monkeypatch, verification
     tg._check_stats(out, 3, fixed_model_draft=False)
 
 
+@pytest.mark.slow  # the default tier's negative control: test_exactness_test_detects_a_wrong_q
 def test_exactness_test_detects_a_biased_draft_stop(target8, draft8, monkeypatch):
     """Negative control: stopping BEFORE an unsure token (dropping it: the decision to
     propose x_i then depends on x_i itself) is biased, and the test says so."""
