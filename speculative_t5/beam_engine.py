@@ -16,7 +16,7 @@ from speculative_t5.decoding.output import BeamSearchOutput
 from speculative_t5.decoding.speculative_beam import speculative_beam_search
 from speculative_t5.engine import (_place, _to_host, check_inputs, check_int, check_memory,
                                    check_pair, check_partitioner, check_prompt_lengths,
-                                   decode_bytes, step_fn)
+                                   decode_bytes, on_accelerator, step_fn)
 from speculative_t5.model.api import Model, cache_axes, start_cache
 from speculative_t5.partitioning import Partitioner
 
@@ -41,13 +41,14 @@ def _beam_search(model: Model, draft: Optional[Model], input_ids, eos, alpha, le
         if partitioner is not None:
             cache = partitioner.constrain(cache, cache_axes(cache), role)
         return cache
+    step = functools.partial(step_fn, beside_cache=on_accelerator(partitioner))
     if draft is None:
         tokens, scores, out_lengths, steps = beam_decode(
-            step_fn(model), setup(model, "target"), B, beam_size, max_decode_len, eos, alpha,
+            step(model), setup(model, "target"), B, beam_size, max_decode_len, eos, alpha,
             start, offset)
         calls = jnp.full((B,), steps, jnp.int32)
         return tokens, scores, out_lengths, {"target_calls": calls, "beam_steps": calls}
-    return speculative_beam_search(step_fn(model), setup(model, "target"), step_fn(draft),
+    return speculative_beam_search(step(model), setup(model, "target"), step(draft),
                                    setup(draft, "draft"), B, beam_size, max_decode_len, eos,
                                    alpha, gamma, paths, start, offset)
 

@@ -28,9 +28,10 @@ from speculative_t5.model.api import (Model, cache_axes, decode, host_memory, ke
 from speculative_t5.partitioning import Partitioner
 
 
-def step_fn(model: Model):
-    """The model as the loops see it: logits [B, K, V], cache = step(cache, tokens [B, K], pos [B])."""
-    return functools.partial(decode, model)
+def step_fn(model: Model, beside_cache: Optional[bool] = None):
+    """The model as the loops see it: logits [B, K, V], cache = step(cache, tokens [B, K], pos [B]).
+    beside_cache: `model.api.decode`'s (None: by the default backend)."""
+    return functools.partial(decode, model, beside_cache=beside_cache)
 
 
 @functools.partial(jax.jit, static_argnames=("gamma", "max_decode_len", "top_k", "top_p",
@@ -65,16 +66,17 @@ def _generate(target: Model, draft: Any, input_ids, rng, temperature, eos, lengt
         cache = start_cache(model, ids, lengths, length, recompute_cross_attention)
         return cache if partitioner is None else partitioner.constrain(
             cache, cache_axes(cache), role)
+    accelerator = on_accelerator(partitioner)
+    step = functools.partial(step_fn, beside_cache=accelerator)
     if draft is None:
-        return plain_decode(step_fn(target), setup(target, input_ids, max_decode_len), B, max_decode_len,
+        return plain_decode(step(target), setup(target, input_ids, max_decode_len), B, max_decode_len,
                             eos, sampling, rng, start)
     prompt = input_ids.shape[1] if target.decoder_only else 0
-    feed_two = wide_first_feeds(partitioner)
     if tree is not None:
         length = cache_positions(max_decode_len + tree.num_nodes, prompt)
-        d = ModelDraft(step_fn(draft), functools.partial(setup, draft, role="draft"),
-                       keep=functools.partial(keep_path, draft), feed_two=feed_two)
-        return tree_decode(step_fn(target), functools.partial(keep_path, target),
+        d = ModelDraft(step(draft), functools.partial(setup, draft, role="draft"),
+                       keep=functools.partial(keep_path, draft), feed_two=accelerator)
+        return tree_decode(step(target), functools.partial(keep_path, target),
                            setup(target, input_ids, length), d, d.init(input_ids, length, mask),
                            B, max_decode_len, eos, tree, sampling, rng,
                            tree_children == "top_k", start)
@@ -82,22 +84,25 @@ def _generate(target: Model, draft: Any, input_ids, rng, temperature, eos, lengt
 
     def build(d, catch_up: bool):  # Models as the loops' drafts: step functions and caches
         if isinstance(d, Model):
-            return ModelDraft(step_fn(d), functools.partial(setup, d, role="draft"),
-                              draft_stop, catch_up, feed_two=feed_two)
+            return ModelDraft(step(d), functools.partial(setup, d, role="draft"),
+                              draft_stop, catch_up, feed_two=accelerator)
         return Fallback(build(d.first, True), build(d.then, True)) if isinstance(d, Fallback) else d
     draft = build(draft, adaptive)  # adaptive: plain rounds leave a model draft behind
     tcache, dstate = setup(target, input_ids, length), draft.init(input_ids, length, mask)
-    return speculative_decode(step_fn(target), tcache, draft, dstate, B,
+    return speculative_decode(step(target), tcache, draft, dstate, B,
                               max_decode_len, eos, gamma, sampling, rng, lenience, verification,
                               costs if adaptive else None, start)
 
 
-def wide_first_feeds(partitioner: Optional[Partitioner]) -> bool:
-    """Whether a model draft's first call each round always feeds two tokens
-    (`ModelDraft.feed_two`): where the decode runs on an accelerator, whose step costs its
-    bytes whatever the width, so a branch on the width (and the copy of the draft's cache
-    XLA makes for it) costs more than the second token; on CPUs, whose steps are
-    compute-bound, one token where one is new."""
+def on_accelerator(partitioner: Optional[Partitioner]) -> bool:
+    """Whether the decode runs on an accelerator (the partitioner's devices, else the default
+    backend's). There a step costs its bytes whatever its width, and its compiler copies
+    what a branch or a read of a written cache touches: so a model draft's first call each
+    round always feeds two tokens (`ModelDraft.feed_two`: no branch on the width, which
+    copied the draft's cache every round), and the models attend beside their caches
+    (`model.api.decode`'s `beside_cache`: the cache written in place). On CPUs, whose
+    steps are compute-bound, one token where one is new, and attention over the written
+    cache."""
     platform = (jax.default_backend() if partitioner is None
                 else partitioner.mesh.devices.flat[0].platform)
     return platform != "cpu"

@@ -56,7 +56,7 @@ def compiler_layouts(config, partitioner, role: str) -> Any:
     pos = jax.ShapeDtypeStruct((B,), jnp.int32, sharding=rows)
 
     def step(params, cache, tokens, pos):
-        return decode(Model(config, params), cache, tokens, pos)[0]
+        return decode(Model(config, params), cache, tokens, pos, beside_cache=True)[0]
     auto = jax.tree_util.tree_map(lambda sh: Format(Layout.AUTO, sh), shardings)
     compiled = jax.jit(step, in_shardings=(auto, jax.tree_util.tree_map(
         lambda c: c.sharding, cache), rows, rows)).lower(params, cache, tokens, pos).compile()

@@ -12,10 +12,12 @@ def model(request):
     return st.init_model(tiny_config(request.param), seed=7)
 
 
-def test_chunked_decode_at_per_row_positions_equals_forward(model):
+@pytest.mark.parametrize("beside", [False, True])
+def test_chunked_decode_at_per_row_positions_equals_forward(model, beside):
     """Rows advance by different amounts in every call (chunks of 1, 3, 2, 5 tokens), so rows
     sit at different positions; each call also writes junk past each row's accepted tokens,
-    which the next call must overwrite (the rollback property)."""
+    which the next call must overwrite (the rollback property). beside: attention over the
+    cache as it was and the new keys beside it (as on a TPU), the same logits."""
     rng = np.random.RandomState(0)
     B, T, V = 4, 14, model.config.vocab_size
     x = random_ids(rng, B, 9, V, pad_tail=[0, 3, 5, 1])
@@ -30,7 +32,8 @@ def test_chunked_decode_at_per_row_positions_equals_forward(model):
         for b in range(B):
             n = min(K, T - pos[b])
             tokens[b, :n] = y[b, pos[b]:pos[b] + n]
-        logits, cache = st.decode(model, cache, jnp.asarray(tokens), jnp.asarray(pos))
+        logits, cache = st.decode(model, cache, jnp.asarray(tokens), jnp.asarray(pos),
+                                  beside_cache=beside)
         logits = np.asarray(logits)
         assert logits.shape == (B, K, V) and logits.dtype == np.float32
         # row b accepts a different number of this call's tokens (>= 1 so everyone progresses)
@@ -64,7 +67,8 @@ def test_rollback_then_new_continuation_equals_fresh_forward(model):
     assert np.abs(np.asarray(st.forward(model, x, a))[:, r + 1:] - fresh[:, r + 1:]).max() > 1e-3
 
 
-def test_writes_past_cache_end_are_dropped(model):
+@pytest.mark.parametrize("beside", [False, True])
+def test_writes_past_cache_end_are_dropped(model, beside):
     """A step that runs past max_len still gives the right logits for in-range positions."""
     rng = np.random.RandomState(2)
     V, L = model.config.vocab_size, 6
@@ -74,7 +78,8 @@ def test_writes_past_cache_end_are_dropped(model):
     cache = st.init_cache(model, jnp.asarray(x), max_len=L)
     _, cache = st.decode(model, cache, jnp.asarray(y[:, :L - 1]), jnp.zeros(1, jnp.int32))
     tokens = np.concatenate([y[:, L - 1:], rng.randint(2, V, size=(1, 3))], 1).astype(np.int32)
-    logits, cache = st.decode(model, cache, jnp.asarray(tokens), jnp.full(1, L - 1, jnp.int32))
+    logits, cache = st.decode(model, cache, jnp.asarray(tokens), jnp.full(1, L - 1, jnp.int32),
+                              beside_cache=beside)
     np.testing.assert_allclose(np.asarray(logits)[:, 0], full[:, L - 1], atol=2e-5)
     assert cache["self"][0]["k"].shape[1] == L
 

@@ -364,7 +364,7 @@ def two_token_first_feeds(monkeypatch):
     """Decodes here as on an accelerator: a model draft's first call each round feeds two
     tokens whatever it needs (`ModelDraft.feed_two`, no branch on the width)."""
     from speculative_t5 import engine
-    monkeypatch.setattr(engine, "wide_first_feeds", lambda partitioner: True)
+    monkeypatch.setattr(engine, "on_accelerator", lambda partitioner: True)
     jax.clear_caches()  # `generate`'s programs were compiled with one-token feeds
     yield
     jax.clear_caches()
@@ -394,8 +394,8 @@ def test_two_token_first_feeds_are_exact(target8, draft8, greedy_case, monkeypat
 
 
 def test_one_token_first_feeds_on_cpus():
-    from speculative_t5.engine import wide_first_feeds
-    assert not wide_first_feeds(None) and not wide_first_feeds(st.Partitioner(num_partitions=1))
+    from speculative_t5.engine import on_accelerator
+    assert not on_accelerator(None) and not on_accelerator(st.Partitioner(num_partitions=1))
 
 
 @pytest.mark.parametrize("gamma", [3, pytest.param(7, marks=pytest.mark.slow)])

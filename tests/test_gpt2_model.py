@@ -39,7 +39,8 @@ def test_logits_equal_transformers(name):
     np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=0)
 
 
-def test_cached_steps_equal_teacher_forcing():
+@pytest.mark.parametrize("beside", [False, True])  # attention beside the cache: as on a TPU
+def test_cached_steps_equal_teacher_forcing(beside):
     hf, config, params = _hf_pair(CONFIGS["small vocab, 16 positions"], seed=1)
     rng = np.random.RandomState(1)
     tokens = rng.randint(0, config.vocab_size, (3, 12))
@@ -47,13 +48,15 @@ def test_cached_steps_equal_teacher_forcing():
     lengths = np.array([2, 5, 4])                                              # prompts
     prompt = np.where(np.arange(5)[None, :] < lengths[:, None], tokens[:, :5], config.pad_id)
     cache = gpt2.init_cache(config, 3, 16)
-    logits, cache = gpt2.decode(config, params, cache, jnp.asarray(prompt), jnp.zeros(3, jnp.int32))
+    logits, cache = gpt2.decode(config, params, cache, jnp.asarray(prompt), jnp.zeros(3, jnp.int32),
+                                beside_cache=beside)
     for b in range(3):  # each row's prompt positions; the pads after it do not matter
         np.testing.assert_allclose(np.asarray(logits)[b, :lengths[b]], full[b, :lengths[b]], atol=1e-4)
     pos = lengths.copy()
     for width in (1, 3, 1, 2):  # each row continues at its own position, K tokens at a time
         step = np.stack([tokens[b, pos[b]:pos[b] + width] for b in range(3)])
-        logits, cache = gpt2.decode(config, params, cache, jnp.asarray(step), jnp.asarray(pos))
+        logits, cache = gpt2.decode(config, params, cache, jnp.asarray(step), jnp.asarray(pos),
+                                    beside_cache=beside)
         for b in range(3):
             np.testing.assert_allclose(np.asarray(logits)[b], full[b, pos[b]:pos[b] + width],
                                        atol=1e-4)

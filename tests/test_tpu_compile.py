@@ -83,8 +83,8 @@ def test_tiny_t5_parts_compile_for_v4_8(v4_8):
 def test_a_decode_for_a_tpu_feeds_its_draft_two_tokens_a_round(v4_8):
     """No branch on the width of a model draft's first call there (XLA would copy the
     draft's cache into the branch every round): `ModelDraft.feed_two`."""
-    from speculative_t5.engine import wide_first_feeds
-    assert wide_first_feeds(st.Partitioner(num_partitions=2, devices=v4_8))
+    from speculative_t5.engine import on_accelerator
+    assert on_accelerator(st.Partitioner(num_partitions=2, devices=v4_8))
 
 
 @pytest.mark.slow

@@ -191,8 +191,9 @@ def _tree_models():
     return {"t5": t5, "gpt2": gpt2}
 
 
+@pytest.mark.parametrize("beside", [False, True])  # attention beside the cache: as on a TPU
 @pytest.mark.parametrize("family", ["t5", "gpt2"])
-def test_a_step_over_a_tree_equals_teacher_forcing_along_each_path(family):
+def test_a_step_over_a_tree_equals_teacher_forcing_along_each_path(family, beside):
     """One decode step over a whole tree (and the same tree written level by level, as a
     draft expands it) gives each node the logits teacher forcing gives its path; after
     `keep_path` the cache continues as if the path had been fed as a chain. Rows of
@@ -220,12 +221,13 @@ def test_a_step_over_a_tree_equals_teacher_forcing_along_each_path(family):
     for t in range(int(pos.max())):
         _, cache = decode(model, cache, history[:, t:t + 1], np.full(B, t, np.int32))
     nodes[:, 0] = history[np.arange(B), pos]
-    whole, whole_cache = decode(model, cache, nodes, pos, tree=TreeNodes.of(tree))
+    whole, whole_cache = decode(model, cache, nodes, pos, tree=TreeNodes.of(tree),
+                                 beside_cache=beside)
     level, off = cache, tree.offsets
     parts = []
     for d in range(tree.depth + 1):
         logits, level = decode(model, level, nodes[:, off[d]:off[d + 1]], pos,
-                               tree=TreeNodes.of(tree, off[d]))
+                               tree=TreeNodes.of(tree, off[d]), beside_cache=beside)
         parts.append(logits)
     np.testing.assert_allclose(np.concatenate(parts, 1), whole, atol=1e-5, rtol=1e-5)
 
@@ -255,7 +257,7 @@ def test_a_step_over_a_tree_equals_teacher_forcing_along_each_path(family):
     depth = np.array([3, 2, 0], np.int32)
     kept = keep_path(model, whole_cache, pos, chosen, depth)
     nxt = rng.randint(2, V - 1, (B, 1)).astype(np.int32)
-    after, _ = decode(model, kept, nxt, pos + depth + 1)
+    after, _ = decode(model, kept, nxt, pos + depth + 1, beside_cache=beside)
     cases = [(b, list(history[b, :pos[b] + 1]) + [int(nodes[b, k]) for k in chosen[b, :depth[b]]]
               + [int(nxt[b, 0])]) for b in range(B)]
     np.testing.assert_allclose(after[:, 0], forced(cases), atol=1e-4, rtol=1e-4,

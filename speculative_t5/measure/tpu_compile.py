@@ -150,7 +150,7 @@ def compile_parts(target: Model, draft: Optional[Model], partitioner: Partitione
         pos = _rows(p, (B,), jnp.int32, ("batch",))
 
         def step(m, c, t, q):
-            logits, c = decode(m, c, t, q, tree=nodes)
+            logits, c = decode(m, c, t, q, tree=nodes, beside_cache=True)  # as on the TPU
             return logits, p.constrain(c, cache_axes(c), role)
         return jax.jit(step, donate_argnums=(1,)).lower(model, cache, tokens, pos)
     out["target_step"] = _compile("target_step", step_program(target, "target", 1))

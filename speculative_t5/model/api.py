@@ -7,7 +7,7 @@ A decode loop only needs `init_cache` and `decode`:
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict, Union
+from typing import Any, Dict, Optional, Union
 
 import flax.linen as nn
 import jax
@@ -188,8 +188,15 @@ def cache_axes(cache: Dict[str, Any]) -> Dict[str, Any]:
             "encoded": ("batch", "length", "embed"), "encoder_mask": ("batch", "length")}
 
 
-@functools.partial(jax.jit, static_argnames=("tree",))
-def decode(model: Model, cache: Dict[str, Any], tokens: Array, pos: Array, tree=None):
+def beside_cache_default() -> bool:
+    """Whether a decoder step attends beside its cache (`decode`'s `beside_cache`) on the
+    default backend: everywhere but on CPUs."""
+    return jax.default_backend() != "cpu"
+
+
+@functools.partial(jax.jit, static_argnames=("tree", "beside_cache"))
+def decode(model: Model, cache: Dict[str, Any], tokens: Array, pos: Array, tree=None,
+           beside_cache: Optional[bool] = None):
     """One decoder pass over tokens [B, K] at positions pos[B].. -> (float32 logits [B, K, V], cache).
 
     Keys/values are written by overwrite at pos..pos+K-1; writes at positions >= max_len are
@@ -197,10 +204,13 @@ def decode(model: Model, cache: Dict[str, Any], tokens: Array, pos: Array, tree=
     A GPT-2's cache comes from `prefill_cache`; its positions are relative to each prompt's
     last token. tree (static, `decoding.trees.TreeNodes`): the tokens are nodes of a token
     tree rooted at pos -- node j in slot pos + j at position pos + its depth, seeing the
-    slots before pos and its ancestors."""
+    slots before pos and its ancestors. beside_cache (static; None: `beside_cache_default`):
+    attend over the cache as it was and the new keys beside it, then write them -- the same
+    logits; what an accelerator's compiler writes in place (`T5.decode_step`)."""
+    beside = beside_cache_default() if beside_cache is None else beside_cache
     if model.decoder_only:
-        return gpt2.step(model.config, model.params, cache, tokens, pos, tree)
-    return model.module.apply({"params": model.params}, tokens, pos, cache, tree,
+        return gpt2.step(model.config, model.params, cache, tokens, pos, tree, beside)
+    return model.module.apply({"params": model.params}, tokens, pos, cache, tree, beside,
                               method=T5.decode_step)
 
 

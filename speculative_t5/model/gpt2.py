@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from flax import traverse_util
 
 from speculative_t5.model.config import ConfigBase
-from speculative_t5.model.t5 import _param
+from speculative_t5.model.t5 import _param, attend_beside_cache, keys_beside_cache
 
 Array = jax.Array
 NEG_INF = -1e10
@@ -174,18 +174,29 @@ class Block(nn.Module):
     config: GPT2Config
 
     @nn.compact
-    def __call__(self, x: Array, bias: Array, write) -> Tuple[Array, Array, Array]:
-        """x [B, K, E]; write(k, v) [B, K, H, D] -> the keys and values attention reads
-        ([B, L, H, D]: the cache after writing, or k, v themselves); bias [B, 1, K, L]."""
+    def __call__(self, x: Array, bias, cache=None, slots=None) -> Tuple[Array, Array, Array]:
+        """x [B, K, E] -> (x, keys, values): with no cache, bias [1, 1, K, K] over the K
+        tokens and their keys, values [B, K, H, D]; with one ({'k','v'} [B, L, H, D]), the
+        cache with them written at slots [B, K], attention reading it (bias [B, 1, K, L])
+        or, with a pair of biases ([B, 1, K, L], [B, 1, K, K]), the cache as it was and
+        the new keys beside it (`attend_beside_cache`)."""
         c = self.config
         B, K = x.shape[:2]
         h = LayerNorm(c, name="ln_1")(x)
         qkv = Linear(3 * c.n_embd, ("embed", "joined_kv"), c, name="attn_c_attn")(h)
         q, k, v = (t.reshape(B, K, c.n_head, c.head_dim) for t in jnp.split(qkv, 3, -1))
-        k, v = write(k, v)                                                     # [B, L, H, D]
-        scores = jnp.einsum("bkhd,blhd->bhkl", q, k, preferred_element_type=jnp.float32)
-        scores = scores / jnp.sqrt(jnp.float32(c.head_dim)) + bias             # [B, H, K, L]
-        y = jnp.einsum("bhkl,blhd->bkhd", jax.nn.softmax(scores, -1).astype(c.jnp_dtype), v)
+        if cache is not None:
+            new_k, new_v = k.astype(cache["k"].dtype), v.astype(cache["v"].dtype)
+            rows = jnp.arange(B)[:, None]                                      # [B, 1]
+            k = cache["k"].at[rows, slots].set(new_k, mode="drop")             # [B, L, H, D]
+            v = cache["v"].at[rows, slots].set(new_v, mode="drop")
+        if isinstance(bias, tuple):  # (over the cache as it was, over the new keys)
+            y = attend_beside_cache(q, cache, new_k, new_v, bias, c.jnp_dtype,
+                                    1.0 / math.sqrt(c.head_dim)).astype(c.jnp_dtype)
+        else:
+            scores = jnp.einsum("bkhd,blhd->bhkl", q, k, preferred_element_type=jnp.float32)
+            scores = scores / jnp.sqrt(jnp.float32(c.head_dim)) + bias         # [B, H, K, L]
+            y = jnp.einsum("bhkl,blhd->bkhd", jax.nn.softmax(scores, -1).astype(c.jnp_dtype), v)
         x = x + Linear(c.n_embd, ("joined_kv", "embed"), c, residual=True, name="attn_c_proj")(
             y.reshape(B, K, c.n_embd))
         h = LayerNorm(c, name="ln_2")(x)
@@ -209,13 +220,14 @@ class GPT2(nn.Module):
         self.blocks = [Block(c, name=f"h_{i}") for i in range(c.n_layer)]
         self.ln_f = LayerNorm(c)
 
-    def _run(self, tokens: Array, positions: Array, bias: Array, writes) -> Tuple[Array, List]:
+    def _run(self, tokens: Array, positions: Array, bias, cache=None,
+             slots=None) -> Tuple[Array, List]:
         c = self.config
         x = (jnp.take(self.wte, tokens, axis=0) + jnp.take(self.wpe, positions, axis=0)
              ).astype(c.jnp_dtype)                                             # [B, K, E]
         kvs = []
-        for block, write in zip(self.blocks, writes):
-            x, k, v = block(x, bias, write)
+        for i, block in enumerate(self.blocks):
+            x, k, v = block(x, bias, None if cache is None else cache[i], slots)
             kvs.append((k, v))
         x = self.ln_f(x)
         logits = jnp.einsum("bke,ve->bkv", x, self.wte.astype(c.jnp_dtype),
@@ -227,32 +239,31 @@ class GPT2(nn.Module):
         T = tokens.shape[1]
         pos = jnp.arange(T)
         bias = jnp.where(pos[None, :] <= pos[:, None], 0.0, NEG_INF)[None, None]  # [1, 1, T, T]
-        logits, _ = self._run(tokens, jnp.broadcast_to(pos, tokens.shape), bias,
-                              [lambda k, v: (k, v)] * self.config.n_layer)
+        logits, _ = self._run(tokens, jnp.broadcast_to(pos, tokens.shape), bias)
         return logits
 
-    def decode_step(self, cache: List[Dict[str, Array]], tokens: Array, pos: Array, tree=None):
+    def decode_step(self, cache: List[Dict[str, Array]], tokens: Array, pos: Array, tree=None,
+                    beside_cache: bool = False):
         """tokens [B, K] at positions pos[b] + 0..K-1 -> (logits float32 [B, K, V], cache).
         cache: per layer {'k', 'v'} [B, L, H, D]; writes past L are dropped. tree: the
         tokens are nodes of a token tree (`decoding.trees.TreeNodes`: slots, positions from
-        their depths, attention to ancestors only)."""
-        B, K = tokens.shape
+        their depths, attention to ancestors only). beside_cache: attend over the cache as it
+        was and the new keys beside it (`model.t5.attend_beside_cache`: what a TPU writes in
+        place)."""
+        K = tokens.shape[1]
         L = cache[0]["k"].shape[1]
         if tree is None:
             q_pos = slots = pos[:, None] + jnp.arange(K)[None, :]              # [B, K]
             visible = jnp.arange(L)[None, None, :] <= q_pos[:, :, None]        # [B, K, L]
         else:
             slots, q_pos, _, visible = tree.attention(pos, K, L)
-        bias = jnp.where(visible, 0.0, NEG_INF)
-        rows = jnp.arange(B)[:, None]
-
-        def writer(layer):
-            def write(k, v):
-                return (layer["k"].at[rows, slots].set(k.astype(layer["k"].dtype), mode="drop"),
-                        layer["v"].at[rows, slots].set(v.astype(layer["v"].dtype), mode="drop"))
-            return write
+        bias = jnp.where(visible, 0.0, NEG_INF)[:, None]                       # [B, 1, K, L]
+        if beside_cache:
+            hidden, sees, _ = keys_beside_cache(visible, slots)               # [B, L], [B, K, K]
+            bias = (jnp.where(hidden[:, None, None, :], NEG_INF, bias),
+                    jnp.where(sees, 0.0, NEG_INF)[:, None])                    # [B, 1, K, K]
         positions = jnp.minimum(q_pos, self.config.n_positions - 1)
-        logits, kvs = self._run(tokens, positions, bias[:, None], [writer(layer) for layer in cache])
+        logits, kvs = self._run(tokens, positions, bias, cache, slots)
         return logits, [{"k": k, "v": v} for k, v in kvs]
 
 
@@ -290,9 +301,10 @@ def init_cache(config: GPT2Config, batch: int, length: int) -> List[Dict[str, Ar
             for _ in range(config.n_layer)]
 
 
-def decode(config: GPT2Config, params, cache, tokens: Array, pos: Array, tree=None):
+def decode(config: GPT2Config, params, cache, tokens: Array, pos: Array, tree=None,
+           beside_cache: bool = False):
     """The step protocol: logits [B, K, V], cache = decode(..., cache, tokens [B, K], pos [B])."""
-    return GPT2(config).apply({"params": params}, cache, tokens, pos, tree,
+    return GPT2(config).apply({"params": params}, cache, tokens, pos, tree, beside_cache,
                               method=GPT2.decode_step)
 
 
@@ -352,9 +364,11 @@ def cache_axes(cache) -> Dict[str, Any]:
     return {"layers": [{"k": kv, "v": kv} for _ in cache["layers"]], "offset": ("batch",)}
 
 
-def step(config: GPT2Config, params, cache, tokens: Array, pos: Array, tree=None):
+def step(config: GPT2Config, params, cache, tokens: Array, pos: Array, tree=None,
+         beside_cache: bool = False):
     """The loops' step on a `prefill` cache: loop position pos is offset + pos here."""
-    logits, layers = decode(config, params, cache["layers"], tokens, pos + cache["offset"], tree)
+    logits, layers = decode(config, params, cache["layers"], tokens, pos + cache["offset"], tree,
+                            beside_cache)
     return logits, dict(cache, layers=layers)
 
 

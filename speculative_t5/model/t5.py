@@ -269,21 +269,26 @@ class DecoderLayer(nn.Module):
     def __call__(self, x: Array, self_bias: Array, cross_k: Array, cross_v: Array,
                  cross_bias: Array, cache: Optional[Dict[str, Array]] = None,
                  pos: Optional[Array] = None, enable_dropout: bool = False):
-        """x [B, K, E]. With a cache ({'k','v'}: [B, L, H, D]) attention reads it and the new keys beside it
-        (`Attention.over_cache`), then they are written at slots pos [B, K] (out-of-range
-        writes are dropped)."""
+        """x [B, K, E]. With a cache ({'k','v'}: [B, L, H, D]) the new keys/values are written
+        at slots pos [B, K] (out-of-range writes are dropped); attention reads the written
+        cache, or, when self_bias is a pair, the cache as it was and the new keys beside it
+        (`Attention.over_cache`, what `T5.decode_step`'s `beside_cache` asks for)."""
         def drop(y):
             return self.dropout(y, deterministic=not enable_dropout)
         h = self.pre_self_attention_layer_norm(x)
         k, v = self.self_attention.kv(h)                                     # [B, K, H, D]
-        if cache is None:
-            x = x + drop(self.self_attention(h, k, v, self_bias))
-        else:  # self_bias: (over the cache, over the new keys)
+        if cache is not None:
             k, v = k.astype(cache["k"].dtype), v.astype(cache["v"].dtype)
-            x = x + drop(self.self_attention.over_cache(h, cache, k, v, self_bias))
             rows = jnp.arange(x.shape[0])[:, None]                           # [B, 1]
-            cache = {"k": cache["k"].at[rows, pos].set(k, mode="drop"),      # pos [B, K]
-                     "v": cache["v"].at[rows, pos].set(v, mode="drop")}
+            written = {"k": cache["k"].at[rows, pos].set(k, mode="drop"),    # pos [B, K]
+                       "v": cache["v"].at[rows, pos].set(v, mode="drop")}
+        if isinstance(self_bias, tuple):  # (over the cache as it was, over the new keys)
+            x = x + drop(self.self_attention.over_cache(h, cache, k, v, self_bias))
+        elif cache is not None:
+            x = x + drop(self.self_attention(h, written["k"], written["v"], self_bias))
+        else:
+            x = x + drop(self.self_attention(h, k, v, self_bias))
+        cache = None if cache is None else written
         h = self.pre_cross_attention_layer_norm(x)
         x = x + drop(self.encoder_decoder_attention(h, cross_k, cross_v, cross_bias, CROSS_LAYOUT))
         x = x + drop(self.mlp(self.pre_mlp_layer_norm(x), enable_dropout))
@@ -308,15 +313,18 @@ class Decoder(nn.Module):
     def __call__(self, y: Array, q_pos: Array, k_pos: Array, cross: Sequence[Tuple[Array, Array]],
                  encoder_mask: Array, embedding: Array,
                  caches: Optional[List[Dict[str, Array]]] = None, slots: Optional[Array] = None,
-                 enable_dropout: bool = False, visible: Optional[Array] = None):
+                 enable_dropout: bool = False, visible: Optional[Array] = None,
+                 beside_cache: bool = False):
         """y [B, K, E] embedded decoder inputs at positions q_pos [B, K], written to cache
         slots [B, K]; keys at k_pos [L] (or [B, L]). visible [B, K, L]: what each query sees
-        (default causal by position). Returns float32 logits [B, K, V] and the caches."""
+        (default causal by position). beside_cache: attend over the caches as they were and
+        the new keys beside them (`attend_beside_cache`). Returns float32 logits [B, K, V]
+        and the caches."""
         c = self.config
         if visible is None:
             visible = k_pos[None, None, :] <= q_pos[:, :, None]              # [B, K, L]
         self_bias = self.relpos_bias(q_pos, k_pos) + jnp.where(visible[:, None], 0.0, NEG_INF)
-        if caches is not None:  # the new keys beside the cache: what their slots would show
+        if caches is not None and beside_cache:  # the new keys: what their slots would show
             hidden, sees, at = keys_beside_cache(visible, slots)             # [B, L], [B, K, K]
             new_pos = jnp.take_along_axis(
                 jnp.broadcast_to(k_pos, at.shape[:1] + visible.shape[-1:]), at, 1)  # [B, K]
@@ -359,13 +367,18 @@ class T5(nn.Module):
     def cross_kv(self, encoded: Array) -> List[Tuple[Array, Array]]:
         return self.decoder.cross_kv(encoded)
 
-    def decode_step(self, tokens: Array, pos: Array, cache: Cache, tree=None) -> Tuple[Array, Cache]:
+    def decode_step(self, tokens: Array, pos: Array, cache: Cache, tree=None,
+                    beside_cache: bool = False) -> Tuple[Array, Cache]:
         """tokens [B, K] at positions pos[B]..pos[B]+K-1 -> logits [B, K, V], cache.
 
         `cache['cross']` holds per-layer cross keys/values; if it is None they are
         recomputed from `cache['encoded']` (the T5X-faithful baseline does that).
         tree: the tokens are nodes of a token tree (`decoding.trees.TreeNodes`: slots, the
-        positions their depths give, attention to ancestors only)."""
+        positions their depths give, attention to ancestors only). beside_cache: attend over
+        the cache as it was and the new keys beside it, then write them (the same logits):
+        on a TPU the write is then in place, where attending over the written cache makes
+        the compiler stage each layer's cache in on-chip memory and copy it back every
+        step; on a CPU the extra operations cost more than they save."""
         K = tokens.shape[1]
         L = cache["self"][0]["k"].shape[1]
         if tree is None:
@@ -378,7 +391,8 @@ class T5(nn.Module):
             cross = self.cross_kv(cache["encoded"])
         logits, caches = self.decoder(
             self.token_embedder(tokens), q_pos, k_pos, cross, cache["encoder_mask"],
-            self.token_embedder.embedding, caches=cache["self"], slots=slots, visible=visible)
+            self.token_embedder.embedding, caches=cache["self"], slots=slots, visible=visible,
+            beside_cache=beside_cache)
         return logits, dict(cache, self=caches)
 
     def __call__(self, input_ids: Array, decoder_input_ids: Array,
