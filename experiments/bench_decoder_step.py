@@ -2,6 +2,12 @@
 speculative decoding) relative to a one-token step, and the weight bandwidth it achieves.
 
     python experiments/bench_decoder_step.py [--preset t5_1_1_base|demo] [--batch 1] [--rounds 30]
+    python experiments/bench_decoder_step.py --matmul [--ks 1,2,5,8]
+
+`--matmul` times the step's kernel alone: a chain of 24 distinct [K, 384] x [384, 1024]
+float32 products (the demo target's MLP shape, 38 MB of weights: memory-bound at K = 1)
+in one compiled program, per product, to show what a K-token pass costs this processor
+before attention and the rest of the step.
 
 Random weights (or the shipped demo target's, `--preset demo`), float32 on CPU. Times are medians over interleaved rounds (every K timed
 once per round) so machine noise hits all K alike; ratios come from the same run.
@@ -16,9 +22,11 @@ import json
 import os
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 import speculative_t5 as st
-from speculative_t5.calibration import step_times
+from speculative_t5.calibration import interleaved_medians, step_times
 from speculative_t5.measure.timing import decoder_step_bytes
 from speculative_t5.paper.rundir import RunDir
 
@@ -33,7 +41,10 @@ def main():
     p.add_argument("--pos", type=int, default=32, help="decoder position of the step")
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--matmul", action="store_true", help="time [K, 384] x [384, 1024] products alone")
     args = p.parse_args()
+    if args.matmul:
+        return matmul_times([int(k) for k in args.ks.split(",")], args.rounds)
 
     if args.preset == "demo":  # the shipped demo target, its trained weights
         model = st.load_demo()[0]
@@ -61,6 +72,27 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(vars(args), rows=rows, device=str(jax.devices()[0])), f, indent=2)
+
+
+def matmul_times(ks, rounds: int, n: int = 24, d: int = 384, f: int = 1024):
+    """Median time per [K, d] x [d, f] product, n distinct weights chained in one program
+    (each product's input depends on the last, as in a decoder step)."""
+    rng = np.random.RandomState(0)
+    weights = [jnp.asarray(rng.randn(d, f).astype(np.float32) * 0.05) for _ in range(n)]
+
+    @jax.jit
+    def chain(x, weights):
+        acc = jnp.zeros((x.shape[0], f), jnp.float32)                          # [K, f]
+        for w in weights:
+            acc = acc + (x + 1e-9 * acc[:, :d]) @ w                            # [K, d] x [d, f]
+        return acc
+    xs = {K: jnp.ones((K, d), jnp.float32) for K in ks}
+    med = interleaved_medians({K: (lambda K=K: chain(xs[K], weights)) for K in ks}, rounds, warmup=3)
+    print(f"{n} chained [K, {d}] x [{d}, {f}] float32 products, {jax.devices()[0].platform} "
+          f"({os.cpu_count()} cores, {RunDir.processor()}), median of {rounds} interleaved rounds")
+    print(f"{'K':>3} {'us/product':>11} {'ratio to K=1':>13}")
+    for K in ks:
+        print(f"{K:>3} {1e6 * med[K] / n:>11.0f} {med[K] / med[ks[0]]:>13.2f}")
 
 
 if __name__ == "__main__":

@@ -164,8 +164,10 @@ def hbm_instructions(hlo_text: str, computation: str = "__entry__",
         if opcode == "fusion" and called:
             sliced = _sliced_params(comps.get(called.group(1), []))
             in_place = _scatters_in_place(comps.get(called.group(1), []))
-        if in_place and not (results[0].hbm and shapes.get(operands[in_place[0]], [Array(0, False)])[0].hbm):
-            in_place = None  # a scatter from or into on-chip memory: its output counts whole
+        if in_place:
+            into_hbm = shapes.get(operands[in_place[0]], [Array(0, False)])[0].hbm
+            if not (results[0].hbm and into_hbm):
+                in_place = None  # a scatter from or into on-chip memory: its output counts whole
         read = 0
         for i, operand in enumerate(operands):
             if in_place and i == in_place[0]:
