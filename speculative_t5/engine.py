@@ -23,8 +23,8 @@ from speculative_t5.decoding.sampling import (SamplingConfig, check_verification
 from speculative_t5.decoding.tree_loop import tree_decode
 from speculative_t5.decoding.trees import TreeShape
 from speculative_t5.model import gpt2
-from speculative_t5.model.api import (Model, cache_axes, decode, host_memory, keep_path,
-                                      start_cache)
+from speculative_t5.model.api import (Model, beside_cache_default, cache_axes, decode,
+                                      host_memory, keep_path, start_cache)
 from speculative_t5.partitioning import Partitioner
 
 
@@ -34,21 +34,20 @@ def step_fn(model: Model, beside_cache: Optional[bool] = None):
     return functools.partial(decode, model, beside_cache=beside_cache)
 
 
-@functools.partial(jax.jit, static_argnames=("gamma", "max_decode_len", "top_k", "top_p",
+@functools.partial(jax.jit, static_argnames=("gamma", "max_decode_len",
                                              "lenience", "verification", "draft_stop", "adaptive",
                                              "recompute_cross_attention", "partitioner", "tree",
                                              "tree_children"))
-def _generate(target: Model, draft: Any, input_ids, rng, temperature, eos, lengths=None, *,
-              gamma: int,
-              max_decode_len: int, top_k: int, top_p: float, lenience: float,
+def _generate(target: Model, draft: Any, input_ids, rng, temperature, eos, lengths=None,
+              top_k=0, top_p=1.0, *, gamma: int, max_decode_len: int, lenience: float,
               recompute_cross_attention: bool, partitioner: Optional[Partitioner] = None,
               verification: str = "token", draft_stop: Optional[float] = None,
               adaptive: bool = False, costs=None, tree: Optional[TreeShape] = None,
               tree_children: str = "drawn"):
-    """One program per shape and static setting; the temperature is traced, so greedy and
-    sampled decodes share it (`SamplingConfig.greedy`). rng: [B] keys. With a partitioner the
-    caches are sharded by their logical axes (rows over 'data', heads over 'model'); the
-    loops' per-row state follows the rows. draft: None (plain decode), a Model, or a
+    """One program per shape and static setting; the sampling settings (temperature, top_k,
+    top_p) are traced, so greedy and sampled decodes share it (`SamplingConfig`). rng: [B]
+    keys. With a partitioner the caches are sharded by their logical axes (rows over 'data',
+    heads over 'model'); the loops' per-row state follows the rows. draft: None (plain decode), a Model, or a
     draft from `decoding.drafts` (a pytree, its settings static; Models inside a Fallback).
     lengths [B]: a decoder-only target's prompt lengths (input_ids are its prompts); the
     loops start each row from its last prompt token. eos: the id that ends a row (traced:
@@ -103,9 +102,9 @@ def on_accelerator(partitioner: Optional[Partitioner]) -> bool:
     (`model.api.decode`'s `beside_cache`: the cache written in place). On CPUs, whose
     steps are compute-bound, one token where one is new, and attention over the written
     cache."""
-    platform = (jax.default_backend() if partitioner is None
-                else partitioner.mesh.devices.flat[0].platform)
-    return platform != "cpu"
+    if partitioner is None:
+        return beside_cache_default()
+    return partitioner.mesh.devices.flat[0].platform != "cpu"
 
 
 CACHE_MULTIPLE = 16
@@ -447,8 +446,8 @@ def generate(model: Model, input_ids, draft: Any = None, gamma: int = 4,
         model, draft, ids, keys, jnp.float32(sampling.temperature),
         jnp.int32(-1 if ignore_eos else model.config.eos_id),
         None if lengths is None else jnp.asarray(lengths, jnp.int32),
-        gamma=gamma if speculative else 0, max_decode_len=max_decode_len,
-        top_k=sampling.top_k, top_p=sampling.top_p, lenience=float(lenience),
+        jnp.int32(sampling.top_k), jnp.float32(sampling.top_p),
+        gamma=gamma if speculative else 0, max_decode_len=max_decode_len, lenience=float(lenience),
         verification=verification if speculative else "token", draft_stop=draft_stop,
         adaptive=costs is not None,
         costs=None if costs is None else jnp.asarray(costs, jnp.float32),

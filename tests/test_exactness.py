@@ -162,6 +162,37 @@ def test_adjust_top_k_top_p_and_greedy():
     np.testing.assert_allclose(t, np.array([[.01, .16, .04, .09]]) / .30, atol=1e-6)
 
 
+def _truncated_reference(logits, temperature, top_k, top_p):
+    """Independent numpy top-k then top-p over one row of logits [V], float64."""
+    x = np.asarray(logits, np.float64) / temperature
+    if 0 < top_k < len(x):
+        x = np.where(x < np.sort(x)[::-1][top_k - 1], -np.inf, x)   # ties at the k-th kept
+    probs = np.exp(x - x.max()) / np.exp(x - x.max()).sum()
+    kept, mass = np.zeros(len(x), bool), 0.0
+    for i in np.argsort(-probs, kind="stable"):                     # the smallest prefix reaching p
+        if mass >= top_p and top_p < 1:
+            break
+        kept[i], mass = probs[i] > 0, mass + probs[i]
+    return np.where(kept, probs, 0) / np.where(kept, probs, 0).sum()
+
+
+def test_adjust_with_traced_settings_matches_an_independent_reference():
+    """One compiled adjust serves every top-k and top-p (traced, as `generate` passes them):
+    each setting equals a numpy reference, on logits with ties at the cut."""
+    rng = np.random.RandomState(0)
+    logits = np.round(rng.randn(6, 12), 1).astype(np.float32)  # [R, V], rounding makes ties
+    logits[:, 3] = logits[:, 5]
+    traced = jax.jit(lambda x, t, k, p: adjust(x, SamplingConfig(t, k, p)))
+    for t, k, p in [(1.0, 0, 1.0), (1.0, 3, 1.0), (0.7, 0, 0.8), (1.3, 5, 0.6), (1.0, 12, 0.95),
+                    (1.0, 1, 1.0), (0.5, 4, 0.3)]:
+        got = np.asarray(traced(logits, jnp.float32(t), jnp.int32(k), jnp.float32(p)))
+        want = np.stack([_truncated_reference(row, t, k, p) for row in logits])
+        np.testing.assert_allclose(got, want, atol=1e-6, err_msg=f"T {t} top_k {k} top_p {p}")
+        np.testing.assert_allclose(np.asarray(adjust(logits, SamplingConfig(t, k, p))), got,
+                                   atol=1e-6)
+    assert traced._cache_size() == 1
+
+
 @pytest.mark.parametrize("verification", ["token", "block"])
 def test_caches_that_end_at_max_decode_len_stay_exact(pair, verification):
     """The loops straight over caches of exactly max_decode_len (STEPS) positions, without

@@ -155,14 +155,16 @@ def test_compiled_once_and_one_while_loop(target, drafts, inputs):
     before = _generate._cache_size()
     for seed in (2, 3):
         st.generate(target, inputs[::-1].copy(), rng=jax.random.PRNGKey(seed), **kw)
-    # the temperature is traced: greedy and any other temperature share the program
-    for temperature in (0.0, 1.3):
-        st.generate(target, inputs, **dict(kw, temperature=temperature))
+    # the sampling settings are traced: greedy, any other temperature, top-k and top-p
+    # share the program
+    for setting in (dict(temperature=0.0), dict(temperature=1.3), dict(top_k=3),
+                    dict(top_p=0.8), dict(top_k=5, top_p=0.9)):
+        st.generate(target, inputs, **dict(kw, **setting))
     assert _generate._cache_size() == before
 
     def jaxpr(max_len):
         return str(jax.make_jaxpr(lambda t, d, x, r: _generate(
-            t, d, x, r, jnp.float32(0.7), jnp.int32(1), gamma=3, max_decode_len=max_len, top_k=0, top_p=1.0,
+            t, d, x, r, jnp.float32(0.7), jnp.int32(1), gamma=3, max_decode_len=max_len,
             lenience=1.0, recompute_cross_attention=False))(
                 target, drafts["perturbed"], jnp.asarray(inputs),
                 jax.random.split(jax.random.PRNGKey(0), len(inputs))))

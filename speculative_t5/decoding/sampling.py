@@ -19,9 +19,9 @@ Array = jax.Array
 
 
 class SamplingConfig(NamedTuple):
-    """Sampling settings; temperature 0 means argmax. top_k and top_p are static; the
-    temperature may also be a traced scalar, so one compiled program serves every
-    temperature, 0 included (see `greedy`)."""
+    """Sampling settings; temperature 0 means argmax. Each may be a Python number (decided
+    when tracing) or a traced scalar, so one compiled program serves every setting: every
+    temperature, 0 included (see `greedy`), every top-k and top-p (see `truncate`)."""
     temperature: Any = 0.0
     top_k: int = 0
     top_p: float = 1.0
@@ -57,7 +57,7 @@ def adjust(logits: Array, cfg: SamplingConfig) -> Array:
     """float32 logits [..., V] -> probabilities [..., V] that sampling draws from.
 
     Greedy gives a one-hot of the argmax (lowest index on ties). top-k keeps the k largest
-    logits (ties at the k-th value kept); top-p keeps the smallest prefix of the sorted
+    logits (ties at the k-th value kept); top-p then keeps the smallest prefix of the sorted
     distribution whose mass reaches p (the top token always kept)."""
     def argmax(logits):
         return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
@@ -65,20 +65,39 @@ def adjust(logits: Array, cfg: SamplingConfig) -> Array:
     def sampled(logits):
         t = jnp.asarray(cfg.temperature, jnp.float32)
         logits = logits / jnp.where(t > 0, t, 1.0)
-        if 0 < cfg.top_k < logits.shape[-1]:
-            kth = jax.lax.top_k(logits, cfg.top_k)[0][..., -1:]                # [..., 1]
-            logits = jnp.where(logits < kth, -jnp.inf, logits)
-        if cfg.top_p < 1.0:
-            probs = jax.nn.softmax(logits, axis=-1)
-            order = jnp.argsort(-probs, axis=-1)
-            sorted_probs = jnp.take_along_axis(probs, order, axis=-1)
-            keep_sorted = (jnp.cumsum(sorted_probs, axis=-1) - sorted_probs) < cfg.top_p
-            keep = jnp.zeros_like(keep_sorted).at[
-                tuple(jnp.indices(order.shape)[:-1]) + (order,)].set(keep_sorted)
-            logits = jnp.where(keep, logits, -jnp.inf)
+        V = logits.shape[-1]
+        truncating = ((cfg.top_k > 0) & (cfg.top_k < V)) | (cfg.top_p < 1.0)
+        logits = branch(truncating, lambda x: truncate(x, cfg.top_k, cfg.top_p), lambda x: x, logits)
         return jax.nn.softmax(logits, axis=-1)
 
     return branch(cfg.greedy, argmax, sampled, logits.astype(jnp.float32))
+
+
+def truncate(logits: Array, top_k, top_p) -> Array:
+    """logits [..., V] with the tokens top-k and top-p cut set to -inf. top_k (0 or >= V:
+    off) and top_p (1: off) may be traced, so one program serves every setting; one sort of
+    the values serves both, and top-p's cut runs only where it is on."""
+    V = logits.shape[-1]
+    ranked = jnp.flip(jnp.sort(logits, axis=-1), axis=-1)                      # [..., V] descending
+    k = jnp.where((top_k > 0) & (top_k < V), top_k, V)
+    kth = jax.lax.dynamic_index_in_dim(ranked, k - 1, ranked.ndim - 1)         # [..., 1]
+    logits = jnp.where(logits >= kth, logits, -jnp.inf)                        # ties at the k-th kept
+    ranked = jnp.where(ranked >= kth, ranked, -jnp.inf)
+    return branch(top_p < 1.0, lambda x: _nucleus(x, ranked, top_p), lambda x: x, logits)
+
+
+def _nucleus(logits: Array, ranked: Array, top_p) -> Array:
+    """Top-p over logits [..., V] whose values sorted descending are ranked [..., V]: the
+    smallest prefix of the sorted distribution whose mass reaches top_p. No scatter: kept is
+    every logit above the prefix's last value and, of those equal to it, the first by index
+    (the sorted order's ties)."""
+    probs = jax.nn.softmax(ranked, axis=-1)                                    # [..., V] ranked
+    m = jnp.sum((jnp.cumsum(probs, axis=-1) - probs) < top_p, -1, keepdims=True)  # [..., 1] >= 1
+    last = jnp.take_along_axis(ranked, m - 1, axis=-1)                         # [..., 1]
+    above = logits > last                                                      # [..., V]
+    tied = logits == last
+    first_ties = jnp.cumsum(tied, axis=-1) <= m - jnp.sum(above, -1, keepdims=True)
+    return jnp.where(above | (tied & first_ties), logits, -jnp.inf)
 
 
 def row_keys(rng: Array, batch: int) -> Array:

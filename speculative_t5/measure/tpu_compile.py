@@ -162,9 +162,9 @@ def compile_parts(target: Model, draft: Optional[Model], partitioner: Partitione
             target, "target", tree.num_nodes, TreeNodes.of(tree)))
     if whole:
         keys = _rows(p, (B, 2), jnp.uint32, ("batch",))
-        static = dict(max_decode_len=max_decode_len, top_k=0, top_p=1.0, lenience=1.0,
+        static = dict(max_decode_len=max_decode_len, lenience=1.0,
                       recompute_cross_attention=False, partitioner=p)
-        args = (ids, keys, jnp.float32(0), jnp.int32(1), lengths)
+        args = (ids, keys, jnp.float32(0), jnp.int32(1), lengths, jnp.int32(0), jnp.float32(1))
         out["plain_decode"] = _compile("plain_decode", _generate.lower(
             target, None, *args, gamma=0, **static))
         if draft is not None:
