@@ -370,27 +370,35 @@ def two_token_first_feeds(monkeypatch):
     jax.clear_caches()
 
 
-def test_two_token_first_feeds_are_exact(target8, draft8, greedy_case, monkeypatch,
-                                         two_token_first_feeds):
+def test_two_token_first_feeds_are_exact(target8, draft8, monkeypatch, two_token_first_feeds):
     """T = 1, gamma 2 over 4 tokens: rounds after a rejection re-feed y_{m-1} beside y_m,
-    and the tokens still follow the target's distribution; greedy over padded rows with an
-    EOS inside rounds, a model draft alone, in a Fallback (catching up) and with a token
-    tree, equals plain greedy. Every round's first draft call is a two-token one."""
+    and the tokens still follow the target's distribution. Every round's first draft call
+    is a two-token one."""
     out, (pvalue, cells) = _sample_long(target8, draft8, tx.INPUT, 4, monkeypatch, gamma=2)
     assert cells >= 20 and pvalue > 1e-3, (pvalue, cells)
     assert 0.05 < out.summary()["acceptance_rate"] < 0.95
     np.testing.assert_array_equal(out.stats["two_token_draft_calls"], out.stats["target_calls"])
+
+
+@pytest.mark.parametrize("kind", ["model", pytest.param("fallback", marks=pytest.mark.slow),
+                                  pytest.param("tree", marks=pytest.mark.slow)])
+def test_two_token_first_feeds_greedy_equal_plain(greedy_case, two_token_first_feeds, kind):
+    """Greedy over padded rows with an EOS inside rounds equals plain greedy with two-token
+    first feeds: a model draft alone (in a Fallback, catching up, and with a token tree in
+    the slow tier)."""
     target, inputs, plain, _ = greedy_case
     perturbed = st.Model(target.config, jax.tree_util.tree_map(
         lambda x: x + 0.02 * jax.random.normal(jax.random.PRNGKey(1), x.shape), target.params))
-    for name, kw in {"model": dict(draft=perturbed),
-                     "fallback": dict(draft=st.drafts.Fallback(PromptLookup(), perturbed)),
-                     "tree": dict(draft=perturbed, tree=(2, 1, 1))}.items():
-        out = st.generate(target, inputs, gamma=3, max_decode_len=MAX_LEN, **kw)
-        np.testing.assert_array_equal(out.tokens, plain.tokens, err_msg=name)
-        np.testing.assert_array_equal(out.lengths, plain.lengths, err_msg=name)
-        assert out.summary()["acceptance_rate"] > 0.05, name
+    kw = {"model": dict(draft=perturbed),
+          "fallback": dict(draft=st.drafts.Fallback(PromptLookup(), perturbed)),
+          "tree": dict(draft=perturbed, tree=(2, 1, 1))}[kind]
+    out = st.generate(target, inputs, gamma=3, max_decode_len=MAX_LEN, **kw)
+    np.testing.assert_array_equal(out.tokens, plain.tokens)
+    np.testing.assert_array_equal(out.lengths, plain.lengths)
+    assert out.summary()["acceptance_rate"] > 0.05
     tg._check_stats(out, 3, fixed_model_draft=False)
+    if kind == "model":
+        np.testing.assert_array_equal(out.stats["two_token_draft_calls"], out.stats["target_calls"])
 
 
 def test_one_token_first_feeds_on_cpus():

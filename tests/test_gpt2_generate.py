@@ -107,7 +107,8 @@ def _exact(model, sampling):
     return tx.enumerate_distribution(probs, model.config.eos_id)
 
 
-@pytest.mark.parametrize("kind", ["model", "fallback", "model, top-k 3",
+@pytest.mark.parametrize("kind", ["model", "fallback",
+                                  pytest.param("model, top-k 3", marks=pytest.mark.slow),
                                   "block, prompt + max_decode_len = n_positions",
                                   pytest.param("tree, prompt + max_decode_len = n_positions",
                                                marks=pytest.mark.slow)])

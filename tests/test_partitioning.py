@@ -5,9 +5,9 @@ and sampled tokens on mesh 4x2 (1x8, 2x4 and 8x1 in the slow tier, with block ve
 and a partitioned draft on 2x4) equal the unpartitioned decode's, the teacher-forced logits agree to 1e-5, every device holds its slice of each
 parameter and cache, and the exactness chi-square passes through a partitioned mesh; a
 GPT-2 target's decodes (every draft kind) equal its unpartitioned ones on meshes 1x8 and
-4x2 (slow). The multi-process test runs `decode` as two processes on localhost (JAX's
-distributed runtime, 4 CPU devices each) and compares the output with a one-process run
-(and, in the slow tier, resumes a torn output)."""
+4x2 (slow). The multi-process tests (slow tier) run `decode` as two processes on
+localhost (JAX's distributed runtime, 4 CPU devices each), compare the output with a
+one-process run and resume a torn output."""
 import json
 import os
 import subprocess
@@ -213,6 +213,7 @@ def one_process(pair):
     return _records(one)
 
 
+@pytest.mark.slow
 def test_two_processes_decode_like_one(pair, one_process):
     two = pair["dir"] / "two.jsonl"
     outs = _two_processes(pair, two)  # mesh 4 x 2 over 2 processes' 8 devices
