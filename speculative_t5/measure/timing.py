@@ -90,9 +90,9 @@ def _rounds(target: Model, draft: Model, tcache, dcache, tok, pos, gamma: int, n
     return jax.lax.fori_loop(0, n, body, (tcache, dcache, tok))
 
 
-@functools.partial(jax.jit, static_argnames=("gamma", "max_len", "top_k", "top_p", "kind"))
+@functools.partial(jax.jit, static_argnames=("gamma", "max_len", "kind"))
 def _free_loop(logits_row, rng, temperature, input_ids, zero_cost, *, gamma: int, max_len: int,
-               top_k: int, top_p: float, kind: str = "model"):
+               top_k, top_p, kind: str = "model"):
     """A decode loop (plain when gamma is 0) whose model steps cost nothing: every call
     returns `logits_row` [V] for every token (not foldable: see `step`). No EOS (id -1),
     so the loop runs max_len tokens. What it costs is the loop's own work: sampling, the
@@ -100,7 +100,8 @@ def _free_loop(logits_row, rng, temperature, input_ids, zero_cost, *, gamma: int
     proposing. kind: 'model' (a free
     draft model: target and draft agree, every draft is accepted), 'zero_cost' (the draft
     object `zero_cost` itself, e.g. a PromptLookup over input_ids [1, W]) or 'fallback'
-    (Fallback(zero_cost, a free draft model))."""
+    (Fallback(zero_cost, a free draft model)). The sampling settings are traced, as in
+    `engine._generate`, so the loop branches on them as a decode does."""
     def step(cache, tokens, pos):                                              # -> [B, K, V]
         # logits that depend on the tokens fed (+ 0.0 keeps them equal): of a broadcast row,
         # XLA would compute softmaxes and argmaxes once, not per row and position
