@@ -87,7 +87,8 @@ def matmul_times(ks, rounds: int, n: int = 24, d: int = 384, f: int = 1024):
             acc = acc + (x + 1e-9 * acc[:, :d]) @ w                            # [K, d] x [d, f]
         return acc
     xs = {K: jnp.ones((K, d), jnp.float32) for K in ks}
-    med = interleaved_medians({K: (lambda K=K: chain(xs[K], weights)) for K in ks}, rounds, warmup=3)
+    timers = {K: (lambda K=K: chain(xs[K], weights)) for K in ks}
+    med = interleaved_medians(timers, rounds, warmup=3)
     print(f"{n} chained [K, {d}] x [{d}, {f}] float32 products, {jax.devices()[0].platform} "
           f"({os.cpu_count()} cores, {RunDir.processor()}), median of {rounds} interleaved rounds")
     print(f"{'K':>3} {'us/product':>11} {'ratio to K=1':>13}")

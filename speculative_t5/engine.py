@@ -47,8 +47,9 @@ def _generate(target: Model, draft: Any, input_ids, rng, temperature, eos, lengt
     """One program per shape and static setting; the sampling settings (temperature, top_k,
     top_p) are traced, so greedy and sampled decodes share it (`SamplingConfig`). rng: [B]
     keys. With a partitioner the caches are sharded by their logical axes (rows over 'data',
-    heads over 'model'); the loops' per-row state follows the rows. draft: None (plain decode), a Model, or a
-    draft from `decoding.drafts` (a pytree, its settings static; Models inside a Fallback).
+    heads over 'model'); the loops' per-row state follows the rows. draft: None (plain
+    decode), a Model, or a draft from `decoding.drafts` (a pytree, its settings static;
+    Models inside a Fallback).
     lengths [B]: a decoder-only target's prompt lengths (input_ids are its prompts); the
     loops start each row from its last prompt token. eos: the id that ends a row (traced:
     -1, none, times a decode to max_decode_len in the same program). tree: a token tree's

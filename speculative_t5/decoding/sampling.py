@@ -67,7 +67,8 @@ def adjust(logits: Array, cfg: SamplingConfig) -> Array:
         logits = logits / jnp.where(t > 0, t, 1.0)
         V = logits.shape[-1]
         truncating = ((cfg.top_k > 0) & (cfg.top_k < V)) | (cfg.top_p < 1.0)
-        logits = branch(truncating, lambda x: truncate(x, cfg.top_k, cfg.top_p), lambda x: x, logits)
+        logits = branch(truncating, lambda x: truncate(x, cfg.top_k, cfg.top_p),
+                        lambda x: x, logits)
         return jax.nn.softmax(logits, axis=-1)
 
     return branch(cfg.greedy, argmax, sampled, logits.astype(jnp.float32))
@@ -81,7 +82,7 @@ def truncate(logits: Array, top_k, top_p) -> Array:
     ranked = jnp.flip(jnp.sort(logits, axis=-1), axis=-1)                      # [..., V] descending
     k = jnp.where((top_k > 0) & (top_k < V), top_k, V)
     kth = jax.lax.dynamic_index_in_dim(ranked, k - 1, ranked.ndim - 1)         # [..., 1]
-    logits = jnp.where(logits >= kth, logits, -jnp.inf)                        # ties at the k-th kept
+    logits = jnp.where(logits >= kth, logits, -jnp.inf)                # ties at the k-th kept
     ranked = jnp.where(ranked >= kth, ranked, -jnp.inf)
     return branch(top_p < 1.0, lambda x: _nucleus(x, ranked, top_p), lambda x: x, logits)
 
